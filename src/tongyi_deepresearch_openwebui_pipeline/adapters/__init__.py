@@ -1,0 +1,1 @@
+"""Adapters between the core and the outside world (model server, Open WebUI)."""

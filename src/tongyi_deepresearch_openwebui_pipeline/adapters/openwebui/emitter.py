@@ -1,0 +1,92 @@
+"""A safe event emitter, and the relay that sits between tools and the UI.
+
+Open WebUI hands the pipe ``__event_emitter__``; a failing emit (a closed
+socket, an old version) must never end a research run, so every emit goes
+through `SafeEmitter`. Tools get an `EventRelay` instead of the raw emitter:
+it forwards their status lines and records the pages they read and the URLs
+their searches found, so the pipe can number citations and list sources.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ...core.sources import SourceLedger
+
+log = logging.getLogger(__name__)
+
+Emitter = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+class SafeEmitter:
+    """Calls Open WebUI's emitter, swallowing and logging its failures."""
+
+    def __init__(self, emitter: Emitter | None) -> None:
+        """Wrap ``emitter`` (``None`` makes every emit a no-op)."""
+        self._emitter = emitter
+        self._warned = False
+
+    @property
+    def connected(self) -> bool:
+        """Whether there is an emitter at all."""
+        return self._emitter is not None
+
+    async def __call__(self, event: dict[str, Any]) -> None:
+        """Emit one event."""
+        if self._emitter is None:
+            return
+        try:
+            await self._emitter(event)
+        except Exception as error:
+            if not self._warned:
+                log.warning("event emitter failed: %s", type(error).__name__)
+                self._warned = True
+
+    async def status(
+        self, description: str, *, done: bool = False, **extra: Any
+    ) -> None:
+        """Emit a status line."""
+        await self(
+            {
+                "type": "status",
+                "data": {"description": description, "done": done, **extra},
+            }
+        )
+
+    async def notify(self, level: str, content: str) -> None:
+        """Emit a toast notification."""
+        await self(
+            {"type": "notification", "data": {"type": level, "content": content}}
+        )
+
+
+class EventRelay:
+    """The ``__event_emitter__`` the pipe gives to tools."""
+
+    def __init__(self, emit: SafeEmitter, ledger: SourceLedger) -> None:
+        """Forward to ``emit``; record sources into ``ledger``."""
+        self._emit = emit
+        self._ledger = ledger
+
+    async def __call__(self, event: dict[str, Any]) -> None:
+        """Receive one event from a tool."""
+        kind = event.get("type")
+        data = event.get("data") or {}
+        if kind in ("source", "citation") and isinstance(data, dict):
+            source_event = self._ledger.add_read_page(data)
+            if source_event is not None:
+                await self._emit(source_event)
+            return
+        if kind == "status" and isinstance(data, dict):
+            if data.get("action") == "web_search":
+                self._ledger.add_search_results(data)
+            # A tool's own "done" must not end the pipe's status shimmer.
+            data = {
+                **data,
+                "done": bool(data.get("action")) and data.get("done", False),
+            }
+            await self._emit({"type": "status", "data": data})
+            return
+        await self._emit(event)

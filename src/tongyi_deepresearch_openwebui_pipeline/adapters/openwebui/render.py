@@ -1,0 +1,261 @@
+"""Rendering loop events in Open WebUI (0.6 – 0.12).
+
+What the user sees is streamed as text the pipe yields, because that is what
+every version stores and renders (events that carry message text are
+overwritten by the yielded text on 0.12):
+
+- thinking: ``<think>…</think>``, which Open WebUI turns into a collapsible
+  reasoning block ("Thought for N seconds"), one per round;
+- each tool call: a ``<details type="tool_calls" done="true" …>`` card with
+  its arguments and result (a blank line before it, which 0.6 needs);
+- the answer: plain text, streamed token by token with citation numbers;
+- then the sources read and a collapsible research summary.
+
+Status lines (round n of N, what is being searched or read, tokens and cost)
+and sources go through the event emitter.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ...core.events import (
+    TERMINATION_TEXT,
+    AnswerDelta,
+    Event,
+    ModelRetrying,
+    RoundStarted,
+    RunFinished,
+    RunStats,
+    ThinkingDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    UsageUpdated,
+    WrappingUp,
+)
+from ...core.sources import CitationRewriter, SourceLedger
+from .emitter import SafeEmitter
+
+#: Longest tool result shown in a card (the model always gets all of it).
+CARD_RESULT_CHARS = 6000
+
+
+@dataclass(frozen=True)
+class Display:
+    """What to show (from the valves and the user's own valves)."""
+
+    thinking: bool = True
+    tool_cards: bool = True
+    summary: bool = True
+    usage: bool = True
+
+
+def _attribute(value: Any) -> str:
+    return html.escape(json.dumps(value, ensure_ascii=False), quote=True)
+
+
+def tool_card(
+    card_id: str, name: str, arguments: dict[str, Any], result: str, ok: bool
+) -> str:
+    """A finished tool-call card, as Open WebUI's own middleware writes it."""
+    shown = result
+    if len(shown) > CARD_RESULT_CHARS:
+        shown = shown[:CARD_RESULT_CHARS] + f"\n… ({len(result):,} characters in all)"
+    payload: Any = shown if ok else {"error": shown}
+    return (
+        f'\n\n<details type="tool_calls" done="true" id="{html.escape(card_id)}" '
+        f'name="{html.escape(name)}" arguments="{_attribute(arguments)}" '
+        f'result="{_attribute(payload)}" files="" embeds="">\n'
+        "<summary>Tool Executed</summary>\n</details>\n\n"
+    )
+
+
+def _describe_call(name: str, arguments: dict[str, Any]) -> str:
+    if name in ("search", "google_scholar"):
+        queries = arguments.get("query") or []
+        label = "Searching" if name == "search" else "Searching scholarly sources"
+        return f"{label}: " + " · ".join(str(q) for q in queries)
+    if name == "visit":
+        urls = arguments.get("url") or []
+        return "Reading: " + " · ".join(str(u) for u in urls)
+    if name == "parse_file":
+        return "Reading files: " + ", ".join(
+            str(f) for f in arguments.get("files") or []
+        )
+    if name == "PythonInterpreter":
+        return "Running Python code"
+    return f"Calling {name or 'a tool'}"
+
+
+def _tokens(stats_prompt: int, stats_completion: int, cost: float | None) -> str:
+    text = f"{stats_prompt:,} tokens in / {stats_completion:,} out"
+    if cost is not None:
+        text += f" · ${cost:.4f}"
+    return text
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
+
+
+def summary_block(stats: RunStats, reason: str, sources: int) -> str:
+    """The collapsible research summary shown under the answer."""
+    lines = [
+        f"- Rounds: {stats.rounds}",
+        f"- Searches: {stats.searches}",
+        f"- Pages read: {stats.pages_read} ({sources} cited as sources)",
+        f"- Tokens: {stats.prompt_tokens:,} in / {stats.completion_tokens:,} out",
+    ]
+    if stats.cost is not None:
+        lines.append(f"- Cost: ${stats.cost:.4f}")
+    lines.append(f"- Time: {_duration(stats.seconds)}")
+    lines.append(f"- Ended because {TERMINATION_TEXT.get(reason, reason)}.")
+    body = "\n".join(lines)
+    return (
+        f"\n\n<details>\n<summary>Research summary</summary>\n\n{body}\n\n</details>\n"
+    )
+
+
+def sources_list(ledger: SourceLedger) -> str:
+    """A numbered list of the sources read, with links."""
+    if not ledger.sources:
+        return ""
+    items = "\n".join(
+        f"{source.number}. [{source.title}]({source.url})" for source in ledger.sources
+    )
+    return f"\n\n**Sources read**\n\n{items}\n"
+
+
+class ChatRenderer:
+    """Turns events into yielded text and emitted events for one chat."""
+
+    def __init__(
+        self, emit: SafeEmitter, ledger: SourceLedger, display: Display
+    ) -> None:
+        """Render into ``emit``, citing from ``ledger``."""
+        self.emit = emit
+        self.ledger = ledger
+        self.display = display
+        self._in_think = False
+        self._answer_started = False
+        self._answer_text: list[str] = []
+        self._rewriter = CitationRewriter(ledger)
+        self._round = 0
+        self._max_rounds = 0
+        self._usage = ""
+
+    @property
+    def answer_streamed(self) -> bool:
+        """Whether any answer text has been shown."""
+        return self._answer_started
+
+    def _close_think(self) -> str:
+        if self._in_think:
+            self._in_think = False
+            return "\n</think>\n\n"
+        return ""
+
+    def _think(self, text: str) -> str:
+        if not self.display.thinking:
+            return ""
+        if self._in_think:
+            return text
+        if not text.strip():
+            # Whitespace between blocks must not open an empty reasoning block.
+            return ""
+        self._in_think = True
+        return "<think>\n" + text.lstrip("\n")
+
+    def _answer(self, text: str) -> str:
+        prefix = self._close_think()
+        if not self._answer_started:
+            text = text.lstrip()
+            if not text:
+                return prefix
+            self._answer_started = True
+        self._answer_text.append(text)
+        return prefix + self._rewriter.feed(text)
+
+    def _prefix(self) -> str:
+        return f"Round {self._round}/{self._max_rounds}"
+
+    async def render(self, event: Event) -> str:
+        """Handle one event; return the text to yield ('' for none)."""
+        if isinstance(event, RunFinished):
+            return await self._finish(event)
+        status = self._status_for(event)
+        if status:
+            await self.emit.status(status)
+        return self._text_for(event)
+
+    def _text_for(self, event: Event) -> str:
+        if isinstance(event, ThinkingDelta):
+            return self._think(event.text)
+        if isinstance(event, AnswerDelta):
+            return self._answer(event.text)
+        if isinstance(event, ToolCallFinished):
+            text = self._close_think()
+            if self.display.tool_cards:
+                card_id = f"call_{self._round}_{event.index}"
+                text += tool_card(
+                    card_id, event.name, event.arguments, event.result, event.ok
+                )
+            return text
+        if isinstance(event, UsageUpdated) and self.display.usage:
+            self._usage = _tokens(
+                event.total_prompt_tokens,
+                event.total_completion_tokens,
+                event.total_cost,
+            )
+        return ""
+
+    def _status_for(self, event: Event) -> str:
+        if isinstance(event, RoundStarted):
+            self._round, self._max_rounds = event.round, event.max_rounds
+            suffix = f" · {self._usage}" if self._usage else ""
+            return f"{self._prefix()} · thinking…{suffix}"
+        if isinstance(event, ToolCallStarted):
+            return f"{self._prefix()} · {_describe_call(event.name, event.arguments)}"
+        if isinstance(event, ModelRetrying):
+            return (
+                f"{self._prefix()} · model server problem ({event.reason}); retrying "
+                f"{event.attempt}/{event.max_attempts} in {event.delay:.0f} s"
+            )
+        if isinstance(event, WrappingUp):
+            return (
+                f"{self._prefix()} · {TERMINATION_TEXT[event.reason]}: asking for the "
+                "final answer"
+            )
+        return ""
+
+    async def _finish(self, event: RunFinished) -> str:
+        out = self._close_think()
+        if event.answer and not self._answer_started:
+            out += self._answer(event.answer)
+        out += self._rewriter.flush()
+        if event.reason == "error":
+            out += f"\n\n> ⚠️ **The research stopped:** {event.error}\n"
+            await self.emit.notify("error", event.error)
+        elif not event.answer:
+            out += (
+                "\n\n> ⚠️ The model ended without a final answer "
+                f"({TERMINATION_TEXT[event.reason]}).\n"
+            )
+        elif not event.answer_marked:
+            out += "\n\n*(The model did not mark this as its final answer.)*\n"
+        out += sources_list(self.ledger)
+        if self.display.summary:
+            out += summary_block(event.stats, event.reason, len(self.ledger))
+        usage = _tokens(
+            event.stats.prompt_tokens, event.stats.completion_tokens, event.stats.cost
+        )
+        await self.emit.status(
+            f"Done: {TERMINATION_TEXT[event.reason]} · {event.stats.rounds} rounds · "
+            f"{len(self.ledger)} sources · {usage}",
+            done=True,
+        )
+        return out

@@ -1,0 +1,240 @@
+"""Typed events the research loop yields, and the ports it talks through.
+
+The loop never renders anything: it yields these frozen dataclasses, and the
+Open WebUI adapter, the logs and the tests all consume the same stream. Each
+event has a ``kind`` string so consumers can switch on it cheaply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from .toolcalls import ToolCall
+
+Termination = Literal[
+    "answer", "round_limit", "context_limit", "time_limit", "error", "no_answer"
+]
+
+#: Human wording of each termination reason (shown in the research summary).
+TERMINATION_TEXT: dict[str, str] = {
+    "answer": "the model gave its answer",
+    "round_limit": "the round limit was reached",
+    "context_limit": "the context budget was reached",
+    "time_limit": "the time limit was reached",
+    "error": "an error stopped the research",
+    "no_answer": "the model gave no final answer",
+}
+
+
+# -- what the model port yields --
+
+
+@dataclass(frozen=True)
+class ModelDelta:
+    """A streamed piece of the reply: reasoning channel and/or content."""
+
+    reasoning: str = ""
+    content: str = ""
+
+
+@dataclass(frozen=True)
+class ModelUsage:
+    """Token usage (and cost, when the provider reports it) of one call."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelFinish:
+    """The server's finish reason (``stop``, ``length`` …)."""
+
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class ModelRetry:
+    """The call failed transiently and is being retried from the start."""
+
+    attempt: int
+    max_attempts: int
+    reason: str
+    delay: float
+
+
+ModelChunk = ModelDelta | ModelUsage | ModelFinish | ModelRetry
+
+
+class ModelError(Exception):
+    """The model call failed for good; ``message`` is written for the user."""
+
+    def __init__(self, message: str) -> None:
+        """Keep the user-facing message."""
+        super().__init__(message)
+        self.message = message
+
+
+class ModelPort(Protocol):
+    """Streams one chat completion (retries are the port's business)."""
+
+    def stream(self, messages: list[dict[str, Any]]) -> AsyncIterator[ModelChunk]:
+        """Stream the reply to ``messages``."""
+        ...
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What a tool returned: model-facing text and whether it worked."""
+
+    text: str
+    ok: bool = True
+
+
+class ToolPort(Protocol):
+    """Runs tool calls; never raises for tool failures (returns ok=False)."""
+
+    def available(self) -> list[str]:
+        """Names of the tools offered to the model in this run."""
+        ...
+
+    async def run(self, call: ToolCall) -> ToolOutcome:
+        """Run one validated call."""
+        ...
+
+
+# -- what the loop yields --
+
+
+@dataclass(frozen=True)
+class RoundStarted:
+    """A new model call begins."""
+
+    round: int
+    max_rounds: int
+    kind: str = "round_started"
+
+
+@dataclass(frozen=True)
+class ThinkingDelta:
+    """Reasoning text (or text outside any block), streamed live."""
+
+    text: str
+    kind: str = "thinking"
+
+
+@dataclass(frozen=True)
+class AnswerDelta:
+    """Final-answer text, streamed live as the model writes it."""
+
+    text: str
+    kind: str = "answer"
+
+
+@dataclass(frozen=True)
+class ModelRetrying:
+    """The model call is retried after a transient failure."""
+
+    attempt: int
+    max_attempts: int
+    reason: str
+    delay: float
+    kind: str = "model_retrying"
+
+
+@dataclass(frozen=True)
+class ToolCallStarted:
+    """A tool call is about to run."""
+
+    index: int
+    name: str
+    arguments: dict[str, Any]
+    kind: str = "tool_started"
+
+
+@dataclass(frozen=True)
+class ToolCallFinished:
+    """A tool call finished (or could not run: ``ok`` is False)."""
+
+    index: int
+    name: str
+    arguments: dict[str, Any]
+    result: str
+    ok: bool
+    seconds: float
+    kind: str = "tool_finished"
+
+
+@dataclass(frozen=True)
+class UsageUpdated:
+    """Running token and cost totals after a model call."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_prompt_tokens: int
+    total_completion_tokens: int
+    total_cost: float | None
+    context_tokens: int
+    kind: str = "usage"
+
+
+@dataclass(frozen=True)
+class WrappingUp:
+    """A budget ran out; the model is asked for its final answer."""
+
+    reason: Termination
+    kind: str = "wrapping_up"
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """Figures for the research summary."""
+
+    rounds: int
+    searches: int
+    pages_read: int
+    tool_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    """The run is over: the answer (if any), why it ended, and its figures."""
+
+    reason: Termination
+    answer: str
+    stats: RunStats
+    error: str = ""
+    answer_marked: bool = True
+    kind: str = "finished"
+
+
+Event = (
+    RoundStarted
+    | ThinkingDelta
+    | AnswerDelta
+    | ModelRetrying
+    | ToolCallStarted
+    | ToolCallFinished
+    | UsageUpdated
+    | WrappingUp
+    | RunFinished
+)
+
+
+@dataclass
+class Counters:
+    """Mutable tallies kept by the loop (part of the run state)."""
+
+    searches: int = 0
+    pages_read: int = 0
+    tool_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float | None = None
+    extra: dict[str, int] = field(default_factory=dict)

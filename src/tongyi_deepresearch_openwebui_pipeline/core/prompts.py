@@ -1,0 +1,141 @@
+"""The prompts Tongyi DeepResearch was trained with, and the loop's own messages.
+
+The system prompt, the tool lines and the extractor prompt are an interface:
+they are the exact bytes of the reference agent's ``inference/prompt.py``
+(Alibaba-NLP/DeepResearch, Apache-2.0). Accuracy depends on them, so they are
+reproduced verbatim and checked byte for byte against the golden copy in
+``tests/fixtures/reference_agent/prompts.json``. The only thing the product
+changes is which tool lines appear: a tool that is disabled or unavailable is
+left out, so the model is never offered a tool it cannot use.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+
+_HEAD = (
+    "You are a deep research assistant. Your core function is to conduct thorough, multi-source investigations into any topic. You must handle both broad, open-domain inquiries and queries within specialized academic fields. For every request, synthesize information from credible, diverse sources to deliver a comprehensive, accurate, and objective response. When you have gathered sufficient information and are ready to provide the definitive response, you must enclose the entire final answer within <answer></answer> tags.\n"
+    "\n"
+    "# Tools\n"
+    "\n"
+    "You may call one or more functions to assist with the user query.\n"
+    "\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n"
+    "<tools>\n"
+)
+
+_TOOL_LINE_SEARCH = '{"type": "function", "function": {"name": "search", "description": "Perform Google web searches then returns a string of the top search results. Accepts multiple queries.", "parameters": {"type": "object", "properties": {"query": {"type": "array", "items": {"type": "string", "description": "The search query."}, "minItems": 1, "description": "The list of search queries."}}, "required": ["query"]}}}'
+
+_TOOL_LINE_VISIT = '{"type": "function", "function": {"name": "visit", "description": "Visit webpage(s) and return the summary of the content.", "parameters": {"type": "object", "properties": {"url": {"type": "array", "items": {"type": "string"}, "description": "The URL(s) of the webpage(s) to visit. Can be a single URL or an array of URLs."}, "goal": {"type": "string", "description": "The specific information goal for visiting webpage(s)."}}, "required": ["url", "goal"]}}}'
+
+_TOOL_LINE_PYTHONINTERPRETER = (
+    '{"type": "function", "function": {"name": "PythonInterpreter", "description": "Executes Python code in a sandboxed environment. To use this tool, you must follow this format:\n'
+    "1. The 'arguments' JSON object must be empty: {}.\n"
+    "2. The Python code to be executed must be placed immediately after the JSON block, enclosed within <code> and </code> tags.\n"
+    "\n"
+    "IMPORTANT: Any output you want to see MUST be printed to standard output using the print() function.\n"
+    "\n"
+    "Example of a correct call:\n"
+    "<tool_call>\n"
+    '{"name": "PythonInterpreter", "arguments": {}}\n'
+    "<code>\n"
+    "import numpy as np\n"
+    "# Your code here\n"
+    'print(f"The result is: {np.mean([1,2,3])}")\n'
+    "</code>\n"
+    '</tool_call>", "parameters": {"type": "object", "properties": {}, "required": []}}}'
+)
+
+_TOOL_LINE_GOOGLE_SCHOLAR = '{"type": "function", "function": {"name": "google_scholar", "description": "Leverage Google Scholar to retrieve relevant information from academic publications. Accepts multiple queries. This tool will also return results from google search", "parameters": {"type": "object", "properties": {"query": {"type": "array", "items": {"type": "string", "description": "The search query."}, "minItems": 1, "description": "The list of search queries for Google Scholar."}}, "required": ["query"]}}}'
+
+_TOOL_LINE_PARSE_FILE = '{"type": "function", "function": {"name": "parse_file", "description": "This is a tool that can be used to parse multiple user uploaded local files such as PDF, DOCX, PPTX, TXT, CSV, XLSX, DOC, ZIP, MP4, MP3.", "parameters": {"type": "object", "properties": {"files": {"type": "array", "items": {"type": "string"}, "description": "The file name of the user uploaded local files to be parsed."}}, "required": ["files"]}}}'
+
+_TAIL = (
+    "</tools>\n"
+    "\n"
+    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n"
+    "<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call>\n"
+    "\n"
+    "Current date: "
+)
+
+EXTRACTOR_PROMPT = (
+    "Please process the following webpage content and user goal to extract relevant information:\n"
+    "\n"
+    "## **Webpage Content** \n"
+    "{webpage_content}\n"
+    "\n"
+    "## **User Goal**\n"
+    "{goal}\n"
+    "\n"
+    "## **Task Guidelines**\n"
+    "1. **Content Scanning for Rationale**: Locate the **specific sections/data** directly related to the user's goal within the webpage content\n"
+    "2. **Key Extraction for Evidence**: Identify and extract the **most relevant information** from the content, you never miss any important information, output the **full original context** of the content as far as possible, it can be more than three paragraphs.\n"
+    "3. **Summary Output for Summary**: Organize into a concise paragraph with logical flow, prioritizing clarity and judge the contribution of the information to the goal.\n"
+    "\n"
+    '**Final Output Format using JSON format has "rational", "evidence", "summary" feilds**\n'
+)
+
+#: Tool name -> its line inside ``<tools>``, in the reference order.
+TOOL_LINES: dict[str, str] = {
+    "search": _TOOL_LINE_SEARCH,
+    "visit": _TOOL_LINE_VISIT,
+    "PythonInterpreter": _TOOL_LINE_PYTHONINTERPRETER,
+    "google_scholar": _TOOL_LINE_GOOGLE_SCHOLAR,
+    "parse_file": _TOOL_LINE_PARSE_FILE,
+}
+
+#: Every tool the model knows, in prompt order.
+ALL_TOOLS: tuple[str, ...] = tuple(TOOL_LINES)
+
+#: The reference loop's wrap-up message (sent when a budget runs out).
+WRAP_UP_MESSAGE = (
+    "You have now reached the maximum context length you can handle. You should "
+    "stop making tool calls and, based on all the information above, think again "
+    "and provide what you consider the most likely answer in the following "
+    "format:<think>your final thinking</think>\n<answer>your answer</answer>"
+)
+
+#: The reference loop's error for a call it cannot parse.
+INVALID_TOOL_CALL = (
+    'Error: Tool call is not a valid JSON. Tool call must contain a valid "name" '
+    'and "arguments" field.'
+)
+
+
+def tool_not_found(name: str, available: Iterable[str]) -> str:
+    """Model-facing error for a call to a tool that is not offered.
+
+    Starts with the reference text, then tells the model what it can use.
+    """
+    names = ", ".join(available) or "none"
+    return f"Error: Tool {name} not found. Available tools: {names}."
+
+
+def format_date(today: dt.date) -> str:
+    """The date the way the reference loop appends it (``YYYY-MM-DD``)."""
+    return today.strftime("%Y-%m-%d")
+
+
+def build_system_prompt(
+    tools: Iterable[str], today: dt.date, preamble: str = ""
+) -> str:
+    """The reference system prompt with only ``tools`` listed and today's date.
+
+    Args:
+        tools: Names of the tools that are enabled and can run; unknown names are
+            ignored and the reference order is kept whatever order they come in.
+        today: The date to append after ``Current date: ``.
+        preamble: Optional admin text, prepended before the reference prompt.
+
+    Returns:
+        The system message content.
+    """
+    wanted = set(tools)
+    lines = "".join(TOOL_LINES[name] + "\n" for name in ALL_TOOLS if name in wanted)
+    prompt = _HEAD + lines + _TAIL + format_date(today)
+    preamble = preamble.strip()
+    return f"{preamble}\n\n{prompt}" if preamble else prompt

@@ -1,0 +1,1 @@
+"""The Open WebUI pipe (a manifold with one model: Tongyi DeepResearch)."""

@@ -1,0 +1,379 @@
+"""The Open WebUI pipe: Tongyi DeepResearch's ReAct loop inside a chat.
+
+Open WebUI keeps ONE instance of `Pipe` for every chat and user, so nothing
+about a request is ever stored on ``self``: each call to `Pipe.pipe` builds its
+own run (messages, sources, renderer, HTTP client) and drops it at the end.
+The research itself is the pure `ResearchLoop`; this module only wires it to
+Open WebUI's arguments, the model server and the tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, Field, field_validator
+
+from .. import __version__
+from ..adapters.model_client import ModelSettings, OpenAIModelClient, redact
+from ..adapters.openwebui.emitter import EventRelay, SafeEmitter
+from ..adapters.openwebui.render import ChatRenderer, Display
+from ..adapters.openwebui.toolbox import (
+    TOOL_MODULES,
+    Toolbox,
+    ToolContext,
+    ToolResolver,
+)
+from ..core.history import split_conversation
+from ..core.loop import Limits, ResearchLoop, RunState
+from ..core.prompts import build_system_prompt
+from ..core.sources import SourceLedger
+from ..core.tasks import task_reply
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "http://localhost:8000/v1"
+DEFAULT_MODEL = "Alibaba-NLP/Tongyi-DeepResearch-30B-A3B"
+
+# The model's tool name -> the pipe valve that enables it.
+_ENABLE_VALVES = {
+    "search": "SEARCH_ENABLED",
+    "google_scholar": "SCHOLAR_ENABLED",
+    "visit": "VISIT_ENABLED",
+}
+
+
+def _http_url(value: str) -> str:
+    value = value.strip()
+    if value and not value.startswith(("http://", "https://")):
+        raise ValueError(
+            "must start with http:// or https:// (e.g. http://localhost:8000/v1)"
+        )
+    return value.rstrip("/")
+
+
+class Pipe:
+    """Tongyi DeepResearch as an Open WebUI model."""
+
+    class Valves(BaseModel):
+        """Admin settings (Admin Panel → Functions → Tongyi DeepResearch)."""
+
+        API_BASE_URL: str = Field(
+            default=DEFAULT_BASE_URL,
+            description="OpenAI-compatible endpoint of the model server "
+            "(vLLM/SGLang: http://localhost:8000/v1; "
+            "llama.cpp: http://localhost:8080/v1; "
+            "Ollama: http://localhost:11434/v1; or a hosted provider).",
+        )
+        API_KEY: str = Field(
+            default="",
+            description="API key for the model server; leave empty for local servers.",
+        )
+        MODEL_ID: str = Field(
+            default=DEFAULT_MODEL,
+            description="Model id as the server knows it.",
+        )
+        TEMPERATURE: float = Field(
+            default=0.6,
+            ge=0.0,
+            le=2.0,
+            description="Sampling temperature (reference: 0.6).",
+        )
+        TOP_P: float = Field(
+            default=0.95,
+            gt=0.0,
+            le=1.0,
+            description="Nucleus sampling (reference: 0.95).",
+        )
+        PRESENCE_PENALTY: float = Field(
+            default=1.1,
+            ge=-2.0,
+            le=2.0,
+            description="Presence penalty (reference: 1.1).",
+        )
+        MAX_TOKENS: int = Field(
+            default=10000,
+            ge=256,
+            le=131072,
+            description="Most tokens the model may write per round (reference: 10000).",
+        )
+        MAX_TOOL_ROUNDS: int = Field(
+            default=100,
+            ge=1,
+            le=500,
+            description=(
+                "Most model rounds before the model is asked for its final answer "
+                "(reference: 100)."
+            ),
+        )
+        MAX_CONTEXT_TOKENS: int = Field(
+            default=110 * 1024,
+            ge=4096,
+            le=1_048_576,
+            description=(
+                "Context budget in tokens; when the conversation grows past it the "
+                "model must answer (reference: 112640 for a 128K model). Lower it when "
+                "your server serves a shorter context."
+            ),
+        )
+        MAX_RESEARCH_MINUTES: float = Field(
+            default=150.0,
+            gt=0.0,
+            le=1440.0,
+            description="Wall-clock limit of one research run (reference: 150).",
+        )
+        MAX_CALLS_PER_TURN: int = Field(
+            default=5,
+            ge=1,
+            le=20,
+            description="Most tool calls run from one model turn.",
+        )
+        REQUEST_TIMEOUT_SECONDS: float = Field(
+            default=600.0,
+            gt=0.0,
+            le=3600.0,
+            description="Timeout of one model request (reference: 600).",
+        )
+        MAX_RETRIES: int = Field(
+            default=5,
+            ge=1,
+            le=20,
+            description=(
+                "Attempts per model call on transient errors (connection, timeout, 429,"
+                " 5xx)."
+            ),
+        )
+        TOOL_TIMEOUT_SECONDS: float = Field(
+            default=900.0,
+            gt=0.0,
+            le=7200.0,
+            description="Longest a single tool call may take.",
+        )
+        SEARCH_ENABLED: bool = Field(default=True, description="Offer the search tool.")
+        SCHOLAR_ENABLED: bool = Field(
+            default=True, description="Offer the google_scholar tool."
+        )
+        VISIT_ENABLED: bool = Field(default=True, description="Offer the visit tool.")
+        SYSTEM_PROMPT_PREAMBLE: str = Field(
+            default="", description="Text placed before the model's own system prompt."
+        )
+        EMIT_THINKING: bool = Field(
+            default=True,
+            description="Show the model's thinking as collapsible reasoning blocks.",
+        )
+        SHOW_TOOL_CARDS: bool = Field(
+            default=True,
+            description="Show each tool call as a card with its arguments and result.",
+        )
+        SHOW_RESEARCH_SUMMARY: bool = Field(
+            default=True,
+            description=(
+                "Show the research summary (rounds, searches, pages, tokens, time) "
+                "under the answer."
+            ),
+        )
+        SHOW_COST_TRACKING: bool = Field(
+            default=True,
+            description=(
+                "Show tokens (and cost when the provider reports it) in the status "
+                "line."
+            ),
+        )
+        AUTO_INSTALL_TOOLS: bool = Field(
+            default=True,
+            description=(
+                "Install the search, scholar and visit tools into Open WebUI's tool "
+                "registry on startup."
+            ),
+        )
+
+        @field_validator("API_BASE_URL")
+        @classmethod
+        def _check_url(cls, value: str) -> str:
+            value = _http_url(value)
+            if not value:
+                raise ValueError("is required (e.g. http://localhost:8000/v1)")
+            return value
+
+    class UserValves(BaseModel):
+        """Each user's own settings."""
+
+        SHOW_THINKING: bool = Field(
+            default=True, description="Show the model's thinking while it researches."
+        )
+
+    def __init__(self, tool_resolver: ToolResolver | None = None) -> None:
+        """Set up the shared, request-independent parts.
+
+        Args:
+            tool_resolver: Where tool classes come from (tests pass their own);
+                Open WebUI constructs the pipe without arguments.
+        """
+        self.valves = self.Valves()
+        self._resolver = tool_resolver or ToolResolver()
+
+    def pipes(self) -> list[dict[str, str]]:
+        """The models this pipe offers (cheap: called on every model listing)."""
+        return [{"id": "tongyi-deepresearch", "name": "Tongyi DeepResearch"}]
+
+    async def pipe(
+        self,
+        body: dict[str, Any],
+        *,
+        __user__: dict[str, Any] | None = None,
+        __request__: Any = None,
+        __event_emitter__: Callable[[dict[str, Any]], Awaitable[Any]] | None = None,
+        __task__: str | None = None,
+        __files__: list[dict[str, Any]] | None = None,
+        __metadata__: dict[str, Any] | None = None,
+        __chat_id__: str | None = None,
+    ) -> AsyncIterator[str]:
+        """Answer one chat turn by researching, streaming every step."""
+        if __task__:
+            yield task_reply(__task__, body)
+            return
+        valves = self.valves
+        emit = SafeEmitter(__event_emitter__)
+        try:
+            async for text in self._research(
+                body,
+                valves,
+                emit,
+                user=__user__,
+                request=__request__,
+                metadata=__metadata__,
+                chat_id=__chat_id__,
+            ):
+                yield text
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.exception("research run failed")
+            message = redact(f"{type(error).__name__}: {error}", valves.API_KEY)
+            await emit.status(f"Error: {message}", done=True)
+            yield f"\n\n> ⚠️ **Unexpected error:** {message}\n"
+
+    # -- one run --
+    async def _research(
+        self,
+        body: dict[str, Any],
+        valves: Valves,
+        emit: SafeEmitter,
+        *,
+        user: dict[str, Any] | None,
+        request: Any,
+        metadata: dict[str, Any] | None,
+        chat_id: str | None,
+    ) -> AsyncIterator[str]:
+        ledger = SourceLedger()
+        user_valves = (user or {}).get("valves")
+        show_thinking = valves.EMIT_THINKING and getattr(
+            user_valves, "SHOW_THINKING", True
+        )
+        renderer = ChatRenderer(
+            emit,
+            ledger,
+            Display(
+                thinking=bool(show_thinking),
+                tool_cards=valves.SHOW_TOOL_CARDS,
+                summary=valves.SHOW_RESEARCH_SUMMARY,
+                usage=valves.SHOW_COST_TRACKING,
+            ),
+        )
+        toolbox = await self._toolbox(
+            valves,
+            request=request,
+            user=user,
+            chat_id=chat_id,
+            relay=EventRelay(emit, ledger),
+        )
+        system_extra, turns = split_conversation(body.get("messages") or [])
+        if not turns or turns[-1]["role"] != "user":
+            yield "Please ask a question to start the research."
+            return
+        preamble = "\n\n".join(
+            p for p in (valves.SYSTEM_PROMPT_PREAMBLE.strip(), system_extra) if p
+        )
+        system = build_system_prompt(toolbox.available(), _today(metadata), preamble)
+        state = RunState(
+            messages=[{"role": "system", "content": system}, *turns],
+            started=time.monotonic(),
+        )
+        limits = Limits(
+            max_rounds=valves.MAX_TOOL_ROUNDS,
+            max_context_tokens=valves.MAX_CONTEXT_TOKENS,
+            max_seconds=valves.MAX_RESEARCH_MINUTES * 60,
+            max_calls_per_turn=valves.MAX_CALLS_PER_TURN,
+            max_output_tokens=valves.MAX_TOKENS,
+        )
+        await emit.status("Starting research…")
+        async with httpx.AsyncClient(
+            headers={"User-Agent": f"tongyi-deepresearch-openwebui/{__version__}"}
+        ) as http:
+            model = OpenAIModelClient(_model_settings(valves), http)
+            loop = ResearchLoop(state, model, toolbox, limits)
+            async for event in loop.run():
+                text = await renderer.render(event)
+                if text:
+                    yield text
+
+    async def _toolbox(
+        self,
+        valves: Valves,
+        *,
+        request: Any,
+        user: dict[str, Any] | None,
+        chat_id: str | None,
+        relay: EventRelay,
+    ) -> Toolbox:
+        classes: dict[str, type] = {}
+        for name, valve in _ENABLE_VALVES.items():
+            if not getattr(valves, valve):
+                continue
+            cls = await self._resolver.resolve(TOOL_MODULES[name])
+            if cls is not None:
+                classes[name] = cls
+        extractor = {
+            "EXTRACTOR_BASE_URL": valves.API_BASE_URL,
+            "EXTRACTOR_API_KEY": valves.API_KEY,
+            "EXTRACTOR_MODEL": valves.MODEL_ID,
+        }
+        context = ToolContext(
+            request=request,
+            user=user,
+            chat_id=chat_id,
+            emitter=relay,
+            valve_defaults={"visit": extractor},
+        )
+        return Toolbox(classes, context, timeout_seconds=valves.TOOL_TIMEOUT_SECONDS)
+
+
+def _model_settings(valves: Pipe.Valves) -> ModelSettings:
+    return ModelSettings(
+        base_url=valves.API_BASE_URL,
+        model=valves.MODEL_ID,
+        api_key=valves.API_KEY,
+        temperature=valves.TEMPERATURE,
+        top_p=valves.TOP_P,
+        presence_penalty=valves.PRESENCE_PENALTY,
+        max_tokens=valves.MAX_TOKENS,
+        timeout_seconds=valves.REQUEST_TIMEOUT_SECONDS,
+        max_attempts=valves.MAX_RETRIES,
+    )
+
+
+def _today(metadata: dict[str, Any] | None) -> dt.date:
+    """The user's date when Open WebUI passes it, else today in UTC."""
+    variables = (metadata or {}).get("variables") or {}
+    value = variables.get("{{CURRENT_DATE}}") if isinstance(variables, dict) else None
+    if isinstance(value, str):
+        try:
+            return dt.date.fromisoformat(value.strip()[:10])
+        except ValueError:
+            pass
+    return dt.datetime.now(dt.UTC).date()

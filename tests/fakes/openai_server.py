@@ -1,0 +1,249 @@
+"""A fake OpenAI-compatible chat server that plays scripted Tongyi turns.
+
+It streams real SSE over real HTTP in each style a real server uses:
+
+- ``inline``: the model's ``<think>…</think>`` arrives inside ``content``
+  (a raw vLLM/SGLang server without a reasoning parser, llama.cpp, Ollama);
+- ``reasoning_content``: vLLM/SGLang with ``--reasoning-parser``;
+- ``reasoning``: OpenRouter and newer servers.
+
+Faults on demand: HTTP errors (with ``Retry-After``), a stream cut mid-token,
+garbage SSE lines, an empty ``choices`` list, an empty reply and a server that
+never answers. Requests are recorded so tests can check what the model saw.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .http import LocalServer, Request, Response
+
+Style = Literal["inline", "reasoning_content", "reasoning"]
+Fault = Literal["drop", "garbage", "empty_choices", "hang", "hang_mid", "empty"]
+
+
+@dataclass
+class Reply:
+    """One scripted model reply."""
+
+    content: str = ""
+    reasoning: str = ""
+    style: Style = "inline"
+    chunk_size: int = 7
+    usage: bool = True
+    prompt_tokens: int | None = None
+    cost: float | None = None
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+    fault: Fault | None = None
+    delay: float = 0.0
+    finish_reason: str = "stop"
+
+    def full_inline(self) -> str:
+        """The whole text as a raw model would write it."""
+        if self.reasoning:
+            return f"<think>\n{self.reasoning}\n</think>\n\n{self.content}"
+        return self.content
+
+
+def tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """A `<tool_call>` block as the model writes it."""
+    payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{payload}\n</tool_call>"
+
+
+def answer(text: str) -> str:
+    """An `<answer>` block as the model writes it."""
+    return f"<answer>\n{text}\n</answer>"
+
+
+def _pieces(text: str, size: int) -> Iterator[str]:
+    for start in range(0, len(text), max(1, size)):
+        yield text[start : start + size]
+
+
+class FakeOpenAI:
+    """The fake server; use as a context manager, then `.script(...)`."""
+
+    def __init__(
+        self,
+        model: str = "Alibaba-NLP/Tongyi-DeepResearch-30B-A3B",
+        max_model_len: int = 131072,
+    ) -> None:
+        """Create the server (not started)."""
+        self.model = model
+        self.max_model_len = max_model_len
+        self.replies: list[Reply] = []
+        self.responder: Callable[[dict[str, Any]], Reply] | None = None
+        self.bodies: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self.server = LocalServer(
+            {
+                "/v1/chat/completions": self._chat,
+                "/v1/models": self._models,
+            }
+        )
+
+    # -- scripting --
+    def script(self, *replies: Reply) -> FakeOpenAI:
+        """Queue replies, served in order, one per chat request."""
+        with self._lock:
+            self.replies.extend(replies)
+        return self
+
+    def respond_with(self, responder: Callable[[dict[str, Any]], Reply]) -> None:
+        """Answer every request with `responder(request_body)` instead of a queue."""
+        self.responder = responder
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL (ends in /v1)."""
+        return self.server.url("/v1")
+
+    @property
+    def requests(self) -> list[Request]:
+        """Raw requests seen by the server."""
+        return self.server.requests
+
+    # -- routes --
+    def _models(self, _request: Request) -> Response:
+        return Response.json(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model,
+                        "object": "model",
+                        "max_model_len": self.max_model_len,
+                    }
+                ],
+            }
+        )
+
+    def _next_reply(self, body: dict[str, Any]) -> Reply | None:
+        if self.responder is not None:
+            return self.responder(body)
+        with self._lock:
+            return self.replies.pop(0) if self.replies else None
+
+    def _chat(self, request: Request) -> Response:
+        body = request.json()
+        with self._lock:
+            self.bodies.append(body)
+        reply = self._next_reply(body)
+        if reply is None:
+            return Response.json({"error": {"message": "script exhausted"}}, 500)
+        if reply.fault == "hang":
+            self.server.wait_forever()
+            return Response.json({}, 504)
+        if reply.status != 200:
+            return Response.json(
+                {"error": {"message": reply.error or f"HTTP {reply.status}"}},
+                reply.status,
+                **reply.headers,
+            )
+        if not body.get("stream"):
+            return Response.json(self._completion(reply, body))
+        return Response(
+            200,
+            {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+            self._stream(reply, body),
+        )
+
+    def _usage(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+        prompt_chars = sum(len(str(m.get("content", ""))) for m in body["messages"])
+        completion = len(reply.full_inline())
+        usage: dict[str, Any] = {
+            "prompt_tokens": reply.prompt_tokens or prompt_chars // 4,
+            "completion_tokens": completion // 4,
+        }
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        if reply.cost is not None:
+            usage["cost"] = reply.cost
+        return usage
+
+    def _completion(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant"}
+        if reply.style == "inline":
+            message["content"] = reply.full_inline()
+        else:
+            message["content"] = reply.content
+            message[reply.style] = reply.reasoning
+        return {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 0,
+            "model": self.model,
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": reply.finish_reason}
+            ],
+            "usage": self._usage(reply, body),
+        }
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        payload = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+
+    def _deltas(self, reply: Reply) -> Iterator[dict[str, Any]]:
+        if reply.fault == "empty":
+            return
+        if reply.style == "inline":
+            for piece in _pieces(reply.full_inline(), reply.chunk_size):
+                yield {"content": piece}
+            return
+        for piece in _pieces(reply.reasoning, reply.chunk_size):
+            yield {reply.style: piece, "content": None}
+        for piece in _pieces(reply.content, reply.chunk_size):
+            yield {"content": piece}
+
+    def _stream(self, reply: Reply, body: dict[str, Any]) -> Iterator[bytes]:
+        yield self._chunk({"role": "assistant", "content": ""})
+        if reply.fault == "empty_choices":
+            payload = {"id": "x", "object": "chat.completion.chunk", "choices": []}
+            yield f"data: {json.dumps(payload)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+            return
+        deltas = list(self._deltas(reply))
+        for index, delta in enumerate(deltas):
+            if reply.fault == "garbage" and index == 1:
+                yield b": keep-alive\n\nnot an sse line\n\ndata: {broken json\n\n"
+            if reply.fault in ("drop", "hang_mid") and index == len(deltas) // 2:
+                if reply.fault == "hang_mid":
+                    self.server.wait_forever()
+                return
+            if reply.delay:
+                time.sleep(reply.delay)
+            yield self._chunk(delta)
+        yield self._chunk({}, reply.finish_reason)
+        include_usage = (body.get("stream_options") or {}).get("include_usage")
+        if reply.usage and include_usage:
+            payload = {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "choices": [],
+                "usage": self._usage(reply, body),
+            }
+            yield f"data: {json.dumps(payload)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    # -- lifecycle --
+    def __enter__(self) -> FakeOpenAI:
+        """Start on entry."""
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop on exit."""
+        self.server.stop()

@@ -1,0 +1,195 @@
+"""The model client against a real local SSE server, per server style and fault."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
+from tongyi_deepresearch_openwebui_pipeline.adapters.model_client import (
+    STOP_SEQUENCES,
+    ModelSettings,
+    OpenAIModelClient,
+)
+from tongyi_deepresearch_openwebui_pipeline.core.events import (
+    ModelDelta,
+    ModelError,
+    ModelFinish,
+    ModelRetry,
+    ModelUsage,
+)
+from tongyi_deepresearch_openwebui_pipeline.core.protocol import parse_turn
+
+MESSAGES = [{"role": "user", "content": "question"}]
+KEY = "sk-test-SECRET-123456"
+
+
+async def run(fake: FakeOpenAI, **settings):
+    sleeps: list[float] = []
+
+    async def no_sleep(delay: float) -> None:
+        sleeps.append(delay)
+
+    options = {"base_url": fake.base_url, "model": fake.model, "backoff_seconds": 0.01}
+    options.update(settings)
+    async with httpx.AsyncClient() as http:
+        client = OpenAIModelClient(ModelSettings(**options), http, sleep=no_sleep)
+        chunks = [chunk async for chunk in client.stream(MESSAGES)]
+    return chunks, sleeps
+
+
+def text_of(chunks):
+    reasoning = "".join(c.reasoning for c in chunks if isinstance(c, ModelDelta))
+    content = "".join(c.content for c in chunks if isinstance(c, ModelDelta))
+    return reasoning, content
+
+
+@pytest.mark.parametrize("style", ["inline", "reasoning_content", "reasoning"])
+async def test_three_styles_give_the_same_turn(style):
+    reply = Reply(
+        reasoning="Plan: search.",
+        content=tool_call("search", {"query": ["x"]}),
+        style=style,
+    )
+    with FakeOpenAI() as fake:
+        fake.script(reply)
+        chunks, _ = await run(fake)
+    reasoning, content = text_of(chunks)
+    turn = parse_turn(content, reasoning)
+    assert turn.history_text == (
+        "<think>\nPlan: search.\n</think>\n\n<tool_call>\n"
+        '{"name": "search", "arguments": {"query": ["x"]}}\n</tool_call>'
+    )
+    assert ModelFinish("stop") in chunks
+
+
+async def test_request_carries_reference_sampling_and_stops():
+    with FakeOpenAI() as fake:
+        fake.script(Reply(content=answer("x")))
+        await run(fake, temperature=0.85, max_tokens=1234)
+        body = fake.bodies[0]
+        headers = fake.requests[0].headers
+    assert body["stop"] == list(STOP_SEQUENCES)
+    assert body["temperature"] == 0.85 and body["top_p"] == 0.95
+    assert body["presence_penalty"] == 1.1 and body["max_tokens"] == 1234
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert "authorization" not in headers  # keyless local server
+
+
+async def test_api_key_is_sent_as_bearer():
+    with FakeOpenAI() as fake:
+        fake.script(Reply(content=answer("x")))
+        await run(fake, api_key=KEY)
+        assert fake.requests[0].headers["authorization"] == f"Bearer {KEY}"
+
+
+async def test_usage_and_cost_are_reported():
+    with FakeOpenAI() as fake:
+        fake.script(Reply(content=answer("x"), prompt_tokens=1000, cost=0.0123))
+        chunks, _ = await run(fake)
+    usage = [c for c in chunks if isinstance(c, ModelUsage)]
+    assert usage and usage[0].prompt_tokens == 1000 and usage[0].cost == 0.0123
+
+
+async def test_stream_without_usage_still_works():
+    with FakeOpenAI() as fake:
+        fake.script(Reply(content=answer("x"), usage=False))
+        chunks, _ = await run(fake)
+    assert not [c for c in chunks if isinstance(c, ModelUsage)]
+    assert text_of(chunks)[1].endswith("</answer>")
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        (Reply(fault="drop", content=answer("y" * 50)), "ended before"),
+        (Reply(fault="garbage", content=answer("y" * 50)), "malformed"),
+        (Reply(fault="empty_choices"), "empty reply"),
+        (Reply(fault="empty"), "empty reply"),
+        (Reply(status=500), "HTTP 500"),
+        (Reply(status=503), "HTTP 503"),
+    ],
+)
+async def test_transient_faults_are_retried(fault, reason):
+    with FakeOpenAI() as fake:
+        fake.script(fault, Reply(content=answer("ok")))
+        chunks, sleeps = await run(fake)
+    retries = [c for c in chunks if isinstance(c, ModelRetry)]
+    assert len(retries) == 1 and reason in retries[0].reason
+    assert len(sleeps) == 1
+    assert text_of(chunks)[1].endswith("ok\n</answer>")
+
+
+async def test_429_honours_retry_after():
+    with FakeOpenAI() as fake:
+        fake.script(
+            Reply(status=429, headers={"Retry-After": "7"}), Reply(content=answer("ok"))
+        )
+        _, sleeps = await run(fake)
+    assert sleeps == [7.0]
+
+
+async def test_429_without_retry_after_backs_off_exponentially():
+    with FakeOpenAI() as fake:
+        fake.script(Reply(status=429), Reply(status=429), Reply(content=answer("ok")))
+        _, sleeps = await run(fake, backoff_seconds=1.0)
+    assert 1.0 <= sleeps[0] <= 2.0 and 2.0 <= sleeps[1] <= 3.0
+
+
+@pytest.mark.parametrize(
+    ("status", "valve"),
+    [(401, "API_KEY"), (403, "API_KEY"), (404, "MODEL_ID"), (400, "MAX_TOKENS")],
+)
+async def test_configuration_errors_are_not_retried(status, valve):
+    with FakeOpenAI() as fake:
+        fake.script(
+            Reply(status=status, error=f"bad key {KEY}"), Reply(content=answer("no"))
+        )
+        with pytest.raises(ModelError) as caught:
+            await run(fake, api_key=KEY)
+        assert len(fake.bodies) == 1
+    assert valve in caught.value.message
+    assert KEY not in caught.value.message
+
+
+async def test_gives_up_after_max_attempts_with_a_clear_message():
+    with FakeOpenAI() as fake:
+        fake.script(*[Reply(status=502) for _ in range(3)])
+        with pytest.raises(ModelError) as caught:
+            await run(fake, max_attempts=3)
+        assert len(fake.bodies) == 3
+    assert "after 3 attempts" in caught.value.message
+    assert "API_BASE_URL" in caught.value.message
+
+
+async def test_refused_connection_is_retried_then_reported():
+    with FakeOpenAI() as fake:
+        url = fake.base_url
+    # The server is gone: the port refuses connections.
+    async with httpx.AsyncClient() as http:
+        client = OpenAIModelClient(
+            ModelSettings(base_url=url, model="m", max_attempts=2, backoff_seconds=0.0),
+            http,
+        )
+        with pytest.raises(ModelError) as caught:
+            [c async for c in client.stream(MESSAGES)]
+    assert "connection failed" in caught.value.message
+
+
+async def test_server_that_never_answers_times_out():
+    with FakeOpenAI() as fake:
+        fake.script(Reply(fault="hang"), Reply(fault="hang"))
+        with pytest.raises(ModelError) as caught:
+            await run(fake, timeout_seconds=0.3, max_attempts=2)
+    assert "timed out" in caught.value.message
+
+
+async def test_stream_options_rejected_is_retried_without_it():
+    with FakeOpenAI() as fake:
+        fake.script(
+            Reply(status=400, error="unknown field stream_options"),
+            Reply(content=answer("ok")),
+        )
+        chunks, _ = await run(fake)
+        assert "stream_options" not in fake.bodies[1]
+    assert text_of(chunks)[1].endswith("</answer>")

@@ -1,0 +1,392 @@
+"""Driving `Pipe.pipe()` the way Open WebUI does, against a real local SSE server.
+
+The tool classes are faked at one seam (the pipe's tool resolver) so these tests
+are about the pipe; the real tools are exercised through the pipe in
+tests/test_pipe_with_tools.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any, ClassVar
+
+import pytest
+
+from tests.fakes.openai_server import FakeOpenAI, Reply, Style, answer, tool_call
+from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
+    ToolResolver,
+)
+from tongyi_deepresearch_openwebui_pipeline.pipes.pipe import Pipe
+
+KEY = "sk-live-VERY-SECRET-999"
+
+
+class FakeSearchTools:
+    class Valves:  # a pydantic-less Valves is fine for the toolbox
+        model_fields: ClassVar[dict[str, Any]] = {}
+
+        def __init__(self, **_: Any) -> None:
+            pass
+
+    async def search(self, query: list[str], __event_emitter__=None, **_: Any) -> str:
+        blocks = []
+        for q in query:
+            if __event_emitter__:
+                await __event_emitter__(
+                    {
+                        "type": "status",
+                        "data": {
+                            "action": "web_search",
+                            "description": "Searched {{count}} sites",
+                            "query": q,
+                            "urls": [f"https://example.org/{q}"],
+                            "done": True,
+                        },
+                    }
+                )
+            blocks.append(
+                f"A Google search for '{q}' found 1 results:\n\n## Web Results\n"
+                f"1. [Page {q}](https://example.org/{q})\n\nSnippet {q}"
+            )
+        return "\n=======\n".join(blocks)
+
+
+class FakeVisitTools:
+    async def visit(
+        self, url: list[str], goal: str, __event_emitter__=None, **_: Any
+    ) -> str:
+        out = []
+        for u in url:
+            if __event_emitter__:
+                await __event_emitter__(
+                    {
+                        "type": "source",
+                        "data": {
+                            "source": {"name": f"Title of {u}", "url": u},
+                            "document": [f"Evidence from {u}"],
+                            "metadata": [
+                                {"source": u, "url": u, "name": f"Title of {u}"}
+                            ],
+                        },
+                    }
+                )
+            out.append(
+                f"The useful information in {u} for user goal {goal} as follows: \n\n"
+                f"Evidence in page: \nEvidence from {u}\n\nSummary: \nSummary\n\n"
+            )
+        return "\n=======\n".join(out).strip()
+
+
+def make_pipe(fake: FakeOpenAI, **valves: Any) -> Pipe:
+    resolver = ToolResolver(
+        classes={
+            "search": FakeSearchTools,
+            "visit": FakeVisitTools,
+            "google_scholar": None,
+        }
+    )
+    pipe = Pipe(tool_resolver=resolver)
+    pipe.valves = pipe.Valves(API_BASE_URL=fake.base_url, MODEL_ID=fake.model, **valves)
+    return pipe
+
+
+async def drive(pipe: Pipe, messages: list[dict[str, Any]], **kwargs: Any):
+    events: list[dict[str, Any]] = []
+
+    async def emitter(event: dict[str, Any]) -> None:
+        events.append(event)
+
+    params = {
+        "__user__": {"id": "u1", "role": "user", "name": "U"},
+        "__event_emitter__": emitter,
+        "__chat_id__": "chat-1",
+        "__metadata__": {"variables": {"{{CURRENT_DATE}}": "2026-11-22"}},
+    }
+    params.update(kwargs)
+    chunks = [
+        chunk
+        async for chunk in pipe.pipe({"messages": messages, "stream": True}, **params)
+    ]
+    return "".join(chunks), chunks, events
+
+
+QUESTION = [{"role": "user", "content": "Who wrote it?"}]
+
+
+def research_script(style: Style) -> list[Reply]:
+    return [
+        Reply(
+            reasoning="I should search.",
+            content=tool_call("search", {"query": ["who"]}),
+            style=style,
+        ),
+        Reply(
+            reasoning="Now read the page.",
+            content=tool_call(
+                "visit", {"url": ["https://example.org/who"], "goal": "author"}
+            ),
+            style=style,
+        ),
+        Reply(
+            reasoning="I know it.",
+            content=answer(
+                "It was written by Ada [see](https://example.org/who). "
+                "Also https://other.org/x."
+            ),
+            style=style,
+        ),
+    ]
+
+
+@pytest.mark.parametrize("style", ["inline", "reasoning_content", "reasoning"])
+async def test_full_research_run_in_each_server_style(style):
+    with FakeOpenAI() as fake:
+        fake.script(*research_script(style))
+        text, chunks, events = await drive(make_pipe(fake), QUESTION)
+        bodies = fake.bodies
+    # live reasoning blocks, one per round
+    assert text.count("<think>") == 3 and "I should search." in text
+    # tool cards with arguments and results
+    cards = re.findall(
+        r'<details type="tool_calls" done="true" id="[^"]+" name="(\w+)"', text
+    )
+    assert cards == ["search", "visit"]
+    assert '\n\n<details type="tool_calls"' in text  # blank line before each card
+    # the answer streams in pieces and cites only the page that was read
+    assert "It was written by Ada [see](https://example.org/who) [1]." in text
+    assert "https://other.org/x *(unverified)*." in text
+    answer_region = text[text.index("It was written") : text.index("**Sources read**")]
+    streamed_pieces = [c for c in chunks if c.strip() and c in answer_region]
+    assert len(streamed_pieces) >= 5  # token by token, not one block at the end
+    assert (
+        "**Sources read**\n\n1. [Title of https://example.org/who](https://example.org/who)"
+        in text
+    )
+    assert "<summary>Research summary</summary>" in text and "- Rounds: 3" in text
+    # sources and a done status reach Open WebUI
+    sources = [e for e in events if e["type"] == "source"]
+    assert (
+        len(sources) == 1
+        and sources[0]["data"]["metadata"][0]["source"] == "https://example.org/who"
+    )
+    assert events[-1]["type"] == "status" and events[-1]["data"]["done"] is True
+    assert not any(
+        e["data"].get("done")
+        for e in events[:-1]
+        if e["type"] == "status" and not e["data"].get("action")
+    )
+    # the model saw the reference protocol
+    system = bodies[0]["messages"][0]["content"]
+    assert system.endswith("Current date: 2026-11-22")
+    assert '"name": "search"' in system and '"name": "visit"' in system
+    assert "google_scholar" not in system and "PythonInterpreter" not in system
+    second = bodies[1]["messages"]
+    assert second[-1]["role"] == "user" and second[-1]["content"].startswith(
+        "<tool_response>\nA Google search for 'who' found 1 results:"
+    )
+    assert second[-2]["content"].startswith(
+        "<think>\nI should search.\n</think>\n\n<tool_call>"
+    )
+
+
+async def test_history_is_identical_across_server_styles():
+    histories = []
+    styles: tuple[Style, ...] = ("inline", "reasoning_content", "reasoning")
+    for style in styles:
+        with FakeOpenAI() as fake:
+            fake.script(*research_script(style))
+            await drive(make_pipe(fake), QUESTION)
+            histories.append(fake.bodies[-1]["messages"])
+    assert histories[0] == histories[1] == histories[2]
+
+
+async def test_thinking_hidden_by_user_valve():
+    with FakeOpenAI() as fake:
+        fake.script(*research_script("inline"))
+        pipe = make_pipe(fake)
+        user = {"id": "u", "valves": pipe.UserValves(SHOW_THINKING=False)}
+        text, _, _ = await drive(pipe, QUESTION, __user__=user)
+    assert "<think>" not in text and "I should search" not in text
+    assert "written by Ada" in text
+
+
+async def test_cards_and_summary_can_be_turned_off():
+    with FakeOpenAI() as fake:
+        fake.script(*research_script("inline"))
+        text, _, _ = await drive(
+            make_pipe(fake, SHOW_TOOL_CARDS=False, SHOW_RESEARCH_SUMMARY=False),
+            QUESTION,
+        )
+    assert "tool_calls" not in text and "Research summary" not in text
+
+
+async def test_title_task_gets_a_cheap_reply_without_research():
+    with FakeOpenAI() as fake:
+        task_messages = [
+            {
+                "role": "user",
+                "content": "### Task:\nTitle\n<chat_history>\n"
+                "USER: Why is the sky blue?\n</chat_history>",
+            }
+        ]
+        text, _, events = await drive(
+            make_pipe(fake), task_messages, __task__="title_generation"
+        )
+        assert fake.bodies == []
+    assert json.loads(text) == {"title": "Why is the sky blue"}
+    assert events == []
+
+
+async def test_open_webui_system_prompt_is_kept_before_the_reference_prompt():
+    with FakeOpenAI() as fake:
+        fake.script(Reply(content=answer("ok")))
+        messages = [
+            {"role": "system", "content": "Always answer in German."},
+            *QUESTION,
+        ]
+        await drive(make_pipe(fake, SYSTEM_PROMPT_PREAMBLE="House rules."), messages)
+        system = fake.bodies[0]["messages"][0]["content"]
+    assert system.startswith(
+        "House rules.\n\nAlways answer in German.\n\nYou are a deep research assistant."
+    )
+
+
+async def test_follow_up_turn_sends_clean_history():
+    with FakeOpenAI() as fake:
+        fake.script(*research_script("inline"))
+        first, _, _ = await drive(make_pipe(fake), QUESTION)
+        fake.script(Reply(content=answer("Follow-up answer")))
+        messages = [
+            *QUESTION,
+            {"role": "assistant", "content": first},
+            {"role": "user", "content": "And when?"},
+        ]
+        await drive(make_pipe(fake), messages)
+        history = fake.bodies[-1]["messages"]
+    assert [m["role"] for m in history] == ["system", "user", "assistant", "user"]
+    earlier = history[2]["content"]
+    assert earlier.startswith(
+        "It was written by Ada [see](https://example.org/who) [1]."
+    )
+    assert "**Sources read**" in earlier  # what was read stays available
+    assert "<details" not in earlier and "<think>" not in earlier
+
+
+async def test_model_failure_mid_research_keeps_what_was_shown():
+    with FakeOpenAI() as fake:
+        fake.script(
+            Reply(
+                reasoning="Searching first.",
+                content=tool_call("search", {"query": ["a"]}),
+            ),
+            Reply(status=401, error=f"invalid key {KEY}"),
+        )
+        text, _, events = await drive(make_pipe(fake, API_KEY=KEY), QUESTION)
+    assert "Searching first." in text and 'name="search"' in text
+    assert "The research stopped" in text and "API_KEY" in text
+    assert KEY not in text and KEY not in json.dumps(events)
+    assert events[-1]["data"]["done"] is True
+
+
+async def test_unreachable_server_gives_a_clear_message():
+    with FakeOpenAI() as fake:
+        url = fake.base_url
+    pipe = Pipe(
+        tool_resolver=ToolResolver(
+            classes={"search": None, "visit": None, "google_scholar": None}
+        )
+    )
+    pipe.valves = pipe.Valves(API_BASE_URL=url, MAX_RETRIES=1)
+    text, _, _ = await drive(pipe, QUESTION)
+    assert "could not" in text or "did not give a usable reply" in text
+    assert "API_BASE_URL" in text
+
+
+async def test_failing_emitter_does_not_stop_the_run():
+    async def broken(_event):
+        raise RuntimeError("socket closed")
+
+    with FakeOpenAI() as fake:
+        fake.script(*research_script("inline"))
+        text, _, _ = await drive(make_pipe(fake), QUESTION, __event_emitter__=broken)
+    assert "written by Ada" in text
+
+
+async def test_two_concurrent_chats_do_not_mix():
+    def route(body: dict[str, Any]) -> Reply:
+        question = body["messages"][1]["content"]
+        last = body["messages"][-1]["content"]
+        topic = "cats" if "cats" in question else "dogs"
+        if last.startswith("<tool_response>"):
+            assert topic in last, "a chat received the other chat's tool result"
+            return Reply(
+                content=answer(f"All about {topic}"), chunk_size=2, delay=0.001
+            )
+        return Reply(
+            content=tool_call("search", {"query": [topic]}), chunk_size=3, delay=0.001
+        )
+
+    with FakeOpenAI() as fake:
+        fake.respond_with(route)
+        pipe = make_pipe(fake)
+        (cats, _, cat_events), (dogs, _, dog_events) = await asyncio.gather(
+            drive(
+                pipe,
+                [{"role": "user", "content": "Tell me about cats"}],
+                __chat_id__="c1",
+            ),
+            drive(
+                pipe,
+                [{"role": "user", "content": "Tell me about dogs"}],
+                __chat_id__="c2",
+            ),
+        )
+    assert "All about cats" in cats and "dogs" not in cats
+    assert "All about dogs" in dogs and "cats" not in dogs
+    assert "cats" not in json.dumps(dog_events) and "dogs" not in json.dumps(cat_events)
+
+
+async def test_cancelling_a_chat_leaves_no_task_or_connection():
+    with FakeOpenAI() as fake:
+        fake.script(Reply(content=answer("x" * 4000), chunk_size=1, delay=0.002))
+        pipe = make_pipe(fake)
+        before = asyncio.all_tasks()
+        started = asyncio.Event()
+
+        async def consume():
+            async for _chunk in pipe.pipe({"messages": QUESTION}, __user__={"id": "u"}):
+                started.set()
+
+        task = asyncio.create_task(consume())
+        await asyncio.wait_for(started.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()
+        for _ in range(200):
+            if fake.server.open_connections == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert fake.server.open_connections == 0
+
+
+async def test_pipes_lists_one_model_cheaply():
+    pipe = Pipe()
+    assert pipe.pipes() == [
+        {"id": "tongyi-deepresearch", "name": "Tongyi DeepResearch"}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("valves", "message"),
+    [
+        ({"API_BASE_URL": "localhost:8000"}, "must start with http"),
+        ({"MAX_TOOL_ROUNDS": -1}, "greater than or equal to 1"),
+        ({"TEMPERATURE": 5}, "less than or equal to 2"),
+    ],
+)
+def test_wrong_valve_values_get_a_clear_message(valves, message):
+    with pytest.raises(ValueError, match=message):
+        Pipe.Valves(**valves)
