@@ -20,6 +20,7 @@ import httpx
 from pydantic import BaseModel, Field, field_validator
 
 from .. import __version__
+from ..adapters import secrets
 from ..adapters.model_client import ModelSettings, OpenAIModelClient, redact
 from ..adapters.openwebui.emitter import EventRelay, SafeEmitter
 from ..adapters.openwebui.render import ChatRenderer, Display
@@ -192,6 +193,12 @@ class Pipe:
             ),
         )
 
+        @field_validator("API_KEY")
+        @classmethod
+        def _encrypt_key(cls, value: str) -> str:
+            # Stored encrypted when WEBUI_SECRET_KEY is set; see adapters.secrets.
+            return secrets.encrypt(value.strip())
+
         @field_validator("API_BASE_URL")
         @classmethod
         def _check_url(cls, value: str) -> str:
@@ -240,10 +247,17 @@ class Pipe:
         valves = self.valves
         emit = SafeEmitter(__event_emitter__)
         try:
+            api_key = secrets.decrypt(valves.API_KEY)
+        except secrets.SecretError as error:
+            await emit.status(str(error), done=True)
+            yield f"> ⚠️ {error}\n"
+            return
+        try:
             async for text in self._research(
                 body,
                 valves,
                 emit,
+                api_key=api_key,
                 user=__user__,
                 request=__request__,
                 metadata=__metadata__,
@@ -254,7 +268,7 @@ class Pipe:
             raise
         except Exception as error:
             log.exception("research run failed")
-            message = redact(f"{type(error).__name__}: {error}", valves.API_KEY)
+            message = redact(f"{type(error).__name__}: {error}", api_key)
             await emit.status(f"Error: {message}", done=True)
             yield f"\n\n> ⚠️ **Unexpected error:** {message}\n"
 
@@ -265,6 +279,7 @@ class Pipe:
         valves: Valves,
         emit: SafeEmitter,
         *,
+        api_key: str,
         user: dict[str, Any] | None,
         request: Any,
         metadata: dict[str, Any] | None,
@@ -287,6 +302,7 @@ class Pipe:
         )
         toolbox = await self._toolbox(
             valves,
+            api_key=api_key,
             request=request,
             user=user,
             chat_id=chat_id,
@@ -315,7 +331,7 @@ class Pipe:
         async with httpx.AsyncClient(
             headers={"User-Agent": f"tongyi-deepresearch-openwebui/{__version__}"}
         ) as http:
-            model = OpenAIModelClient(_model_settings(valves), http)
+            model = OpenAIModelClient(_model_settings(valves, api_key), http)
             loop = ResearchLoop(state, model, toolbox, limits)
             async for event in loop.run():
                 text = await renderer.render(event)
@@ -326,6 +342,7 @@ class Pipe:
         self,
         valves: Valves,
         *,
+        api_key: str,
         request: Any,
         user: dict[str, Any] | None,
         chat_id: str | None,
@@ -340,7 +357,7 @@ class Pipe:
                 classes[name] = cls
         extractor = {
             "EXTRACTOR_BASE_URL": valves.API_BASE_URL,
-            "EXTRACTOR_API_KEY": valves.API_KEY,
+            "EXTRACTOR_API_KEY": api_key,
             "EXTRACTOR_MODEL": valves.MODEL_ID,
         }
         context = ToolContext(
@@ -353,11 +370,11 @@ class Pipe:
         return Toolbox(classes, context, timeout_seconds=valves.TOOL_TIMEOUT_SECONDS)
 
 
-def _model_settings(valves: Pipe.Valves) -> ModelSettings:
+def _model_settings(valves: Pipe.Valves, api_key: str) -> ModelSettings:
     return ModelSettings(
         base_url=valves.API_BASE_URL,
         model=valves.MODEL_ID,
-        api_key=valves.API_KEY,
+        api_key=api_key,
         temperature=valves.TEMPERATURE,
         top_p=valves.TOP_P,
         presence_penalty=valves.PRESENCE_PENALTY,
