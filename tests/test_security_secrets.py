@@ -39,8 +39,8 @@ def test_valves_store_the_key_encrypted(monkeypatch):
     assert dumped["API_KEY"].startswith(secrets.PREFIX)
     assert KEY not in json.dumps(dumped)
     # Open WebUI re-creates the valves from what it stored before every call.
-    again = Pipe.Valves(**dumped)
-    assert again.API_KEY == dumped["API_KEY"]
+    reloaded = Pipe.Valves(**dumped).model_dump()
+    assert reloaded["API_KEY"] == dumped["API_KEY"]
 
 
 async def test_encrypted_key_is_sent_decrypted(monkeypatch):
