@@ -1,0 +1,1 @@
+"""Self-contained Open WebUI Tools modules (search, google_scholar, visit)."""
