@@ -1,0 +1,538 @@
+"""
+id: deepresearch_search
+title: DeepResearch Search
+author: tongyi-deepresearch-openwebui-pipeline contributors
+author_url: https://github.com/tongyi-deepresearch-openwebui/tongyi-deepresearch-openwebui-pipeline
+version: 0.1.0
+license: MIT
+description: Web search for Tongyi DeepResearch, answered in the exact text format the model was trained on (Open WebUI's web search engine or a SearXNG instance).
+requirements: httpx
+required_open_webui_version: 0.6.0
+"""  # noqa: D205, D212, D415, E501  (Open WebUI frontmatter)
+
+# The `search` tool of Tongyi DeepResearch as an Open WebUI Tools module.
+#
+# It searches through the web search engine the administrator configured in
+# Open WebUI (Admin Settings -> Web Search) or, when the SEARXNG_URL valve is
+# set, straight against a SearXNG instance. The output reproduces the reference
+# agent's format byte for byte, because the model was trained on it.
+#
+# Decision on empty results: the reference prints "found 0 results" for an empty
+# Serper list and "No results found ... Try with a more general query." when the
+# answer has no result list. Open WebUI engines return an empty list both for
+# "nothing found" and for swallowed engine errors, so an empty list is reported
+# with the no-results text: it is a reference format and it tells the model
+# what to do next.
+#
+# This file is self-contained (stdlib, pydantic, httpx) so Open WebUI can load it
+# on its own; Open WebUI is imported only inside `_import_openwebui`.
+
+import asyncio
+import inspect
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from pydantic import BaseModel, Field
+
+log = logging.getLogger(__name__)
+
+Emitter = Callable[[dict], Awaitable[Any]]
+
+SEPARATOR = "\n=======\n"
+INVALID_REQUEST = (
+    "[Search] Invalid request format: "
+    "Input must be a JSON object containing 'query' field"
+)
+TIMEOUT_TEXT = "Google search Timeout, return None, Please try again later."
+VIDEO_TEXT = "Your browser can't play this video."
+DISABLED_TEXT = (
+    "Web search is not enabled in Open WebUI, so the search tool cannot run. "
+    "An administrator can enable and configure it in Admin Settings → Web Search. "
+    "Continue with what you already know or with other tools."
+)
+UNCONFIGURED_TEXT = (
+    "Web search is not configured in Open WebUI (no working search engine is set "
+    "up), so the search tool cannot run. An administrator can configure it in "
+    "Admin Settings → Web Search. Continue with what you already know or with "
+    "other tools."
+)
+NO_BACKEND_TEXT = (
+    "Web search is not available: the search tool is running outside Open WebUI "
+    "and its SEARXNG_URL valve is empty. Set SEARXNG_URL to a SearXNG instance "
+    "with the JSON output format enabled."
+)
+BAD_SEARXNG_URL_TEXT = (
+    "Web search is not available: the SEARXNG_URL valve of the search tool is "
+    "not a valid http(s) URL."
+)
+SETTINGS_FAILED_TEXT = (
+    "Web search failed: Open WebUI's web search settings could not be read. "
+    "Please try again later."
+)
+MAX_RESPONSE_BYTES = 5_000_000
+# Open WebUI raises e.g. "No SEARXNG_QUERY_URL found in environment variables"
+# or "No search engine API key found ..." when the engine lacks its settings.
+MISSING_CONFIG = re.compile(r"^No .*found", re.IGNORECASE)
+
+
+@dataclass
+class _Hit:
+    """One search result, as the formatter needs it."""
+
+    title: str
+    link: str
+    snippet: str = ""
+    date: str = ""
+    source: str = ""
+
+
+@dataclass
+class _Outcome:
+    """What one query produced: the text block and the hits behind it."""
+
+    text: str
+    hits: list[_Hit] = field(default_factory=list)
+    error: bool = False
+    unconfigured: bool = False
+
+
+Backend = Callable[[httpx.AsyncClient, str, int], Awaitable[list[_Hit]]]
+
+
+class _UnconfiguredError(Exception):
+    """Open WebUI has no usable web search engine."""
+
+
+def _format_hit(idx: int, hit: _Hit) -> str:
+    """One result in the reference layout (blank line before the snippet)."""
+    text = f"{idx}. [{hit.title}]({hit.link})"
+    if hit.date:
+        text += f"\nDate published: {hit.date}"
+    if hit.source:
+        text += f"\nSource: {hit.source}"
+    text += "\n"
+    if hit.snippet:
+        text += f"\n{hit.snippet}"
+    return text.replace(VIDEO_TEXT, "")
+
+
+def _format_block(query: str, hits: list[_Hit]) -> str:
+    """The reference text for one query."""
+    if not hits:
+        return f"No results found for '{query}'. Try with a more general query."
+    entries = "\n\n".join(_format_hit(i, hit) for i, hit in enumerate(hits, 1))
+    header = f"A Google search for '{query}' found {len(hits)} results:\n\n"
+    return header + "## Web Results\n" + entries
+
+
+def _normalise_queries(query: Any) -> list[str] | None:
+    """Distinct, stripped queries in input order; None when the input is invalid."""
+    if isinstance(query, str):
+        query = [query]
+    if not isinstance(query, list) or not all(isinstance(q, str) for q in query):
+        return None
+    queries = list(dict.fromkeys(q.strip() for q in query if q.strip()))
+    return queries or None
+
+
+def _skipped_note(skipped: list[str], limit: int) -> str:
+    """Model-facing note naming the queries that were over the per-call limit."""
+    names = ", ".join(f"'{q}'" for q in skipped)
+    return (
+        f"\n\nNote: only the first {limit} queries of this call were searched "
+        f"(limit per call). Not searched: {names}. "
+        "Call the tool again with these queries if you still need them."
+    )
+
+
+def _clean(value: Any) -> str:
+    """A result field as text ('' for None and non-text)."""
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _field(item: Any, name: str) -> Any:
+    """Read a field from a dict or an object (Open WebUI's SearchResult)."""
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
+
+
+def _make_hit(title: Any, link: Any, snippet: Any, date: Any = "") -> _Hit | None:
+    """A hit from raw fields; None without a link (nothing to cite or visit)."""
+    url = _clean(link)
+    if not url:
+        return None
+    # A line break inside the title would break the markdown link.
+    name = " ".join(_clean(title).split()) or url
+    return _Hit(name, url, _clean(snippet), _format_date(date))
+
+
+def _format_date(value: Any) -> str:
+    """'May 19, 2025' like Google's result dates; unknown formats kept as text."""
+    text = _clean(value)
+    if not text:
+        return ""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return text
+    return f"{moment:%b} {moment.day}, {moment.year}"
+
+
+def _searxng_endpoint(url: str) -> str | None:
+    """The SearXNG search URL without a query (legacy '?q=<query>' dropped)."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        return None
+    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", "", ""))
+
+
+async def _get_json(client: httpx.AsyncClient, url: str, params: dict) -> Any:
+    """GET a JSON document, refusing oversized answers."""
+    async with client.stream("GET", url, params=params) as response:
+        response.raise_for_status()
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > MAX_RESPONSE_BYTES:
+                raise ValueError("response too large")
+    return json.loads(bytes(body))
+
+
+async def _searxng_search(
+    client: httpx.AsyncClient, endpoint: str, query: str, count: int
+) -> list[_Hit]:
+    """Query SearXNG's JSON API; results by score, as Open WebUI orders them."""
+    payload = await _get_json(client, endpoint, {"q": query, "format": "json"})
+    results = payload.get("results") if isinstance(payload, dict) else None
+    if not isinstance(results, list):
+        raise ValueError("no result list")
+    ranked = sorted(
+        (r for r in results if isinstance(r, dict)),
+        key=lambda r: r.get("score") or 0,
+        reverse=True,
+    )
+    hits = (
+        _make_hit(
+            r.get("title"), r.get("url"), r.get("content"), r.get("publishedDate")
+        )
+        for r in ranked
+    )
+    return [hit for hit in hits if hit][:count]
+
+
+def _import_openwebui() -> SimpleNamespace | None:
+    """Open WebUI's search pieces, or None outside Open WebUI (the test seam)."""
+    try:
+        from open_webui.routers import retrieval  # noqa: PLC0415
+    except ImportError:
+        return None
+    try:
+        from open_webui.models.config import Config  # noqa: PLC0415  (0.11+)
+    except ImportError:
+        Config = None  # noqa: N806
+    try:
+        from open_webui.models.users import UserModel  # noqa: PLC0415
+    except ImportError:
+        UserModel = None  # noqa: N806
+    return SimpleNamespace(
+        search_web=retrieval.search_web,
+        config_store=Config,
+        user_model=UserModel,
+        config_keys=getattr(retrieval, "RETRIEVAL_CONFIG_KEYS", None),
+    )
+
+
+def _app_setting(app_config: Any, *names: str) -> Any:
+    """A 0.6/0.8 `app.state.config` value (its AppConfig may raise KeyError)."""
+    for name in names:
+        try:
+            return getattr(app_config, name)
+        except (AttributeError, KeyError):
+            continue
+    return None
+
+
+async def _openwebui_settings(ow: SimpleNamespace, request: Any) -> dict:
+    """Read web search settings wherever this Open WebUI version keeps them."""
+    state = getattr(getattr(request, "app", None), "state", None)
+    app_config = getattr(state, "config", None)
+    if app_config is not None:  # 0.6 / 0.8
+        return {
+            "enabled": bool(
+                _app_setting(app_config, "ENABLE_WEB_SEARCH", "ENABLE_RAG_WEB_SEARCH")
+            ),
+            "engine": _app_setting(
+                app_config, "WEB_SEARCH_ENGINE", "RAG_WEB_SEARCH_ENGINE"
+            )
+            or "",
+            "config": None,
+        }
+    if ow.config_store is None:
+        raise _UnconfiguredError
+    # 0.12 takes the whole retrieval config as `config=`; 0.11 reads it itself.
+    takes_config = bool(ow.config_keys) and (
+        "config" in inspect.signature(ow.search_web).parameters
+    )
+    keys = {"web.search.enable", "web.search.engine"}
+    if takes_config:
+        keys |= set(ow.config_keys.values())
+    values = ow.config_store.get_many(*sorted(keys))  # 0.11+
+    values = dict(await values if inspect.isawaitable(values) else values)
+    return {
+        "enabled": bool(values.get("web.search.enable")),
+        "engine": values.get("web.search.engine") or "",
+        "config": values if takes_config else None,
+    }
+
+
+async def _openwebui_search(
+    ow: SimpleNamespace,
+    request: Any,
+    engine: str,
+    query: str,
+    user: Any,
+    *,
+    config: dict | None,
+) -> list:
+    """Call search_web the way this Open WebUI version defines it."""
+    if config is not None:  # 0.12+: keyword-only config
+        result = ow.search_web(request, engine, query, user, config=config)
+    elif inspect.iscoroutinefunction(ow.search_web):  # 0.11
+        result = ow.search_web(request, engine, query, user)
+    else:  # 0.6 / 0.8: blocking, keep it off the event loop
+        result = await asyncio.to_thread(ow.search_web, request, engine, query, user)
+    return list((await result if inspect.isawaitable(result) else result) or [])
+
+
+def _describe_failure(exc: BaseException) -> str:
+    """A short reason without URLs or secrets."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"the search engine answered HTTP {exc.response.status_code}"
+    if isinstance(exc, httpx.TransportError):
+        return "the search engine could not be reached"
+    if isinstance(exc, ValueError):
+        return "the search engine sent an answer that could not be read"
+    return f"unexpected error ({type(exc).__name__})"
+
+
+async def _emit(emitter: Emitter | None, **data: Any) -> None:
+    """Send a status event; a failing emitter never stops the search."""
+    if emitter is None:
+        return
+    try:
+        sent = emitter({"type": "status", "data": data})
+        if inspect.isawaitable(sent):
+            await sent
+    except Exception as exc:  # the UI is optional
+        log.debug("status event failed: %s", type(exc).__name__)
+
+
+def _positive(value: Any, default: int) -> int:
+    """A valve limit as an int >= 1 (bad values fall back to the default)."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return default
+    return number if number >= 1 else 1
+
+
+class Tools:
+    """Web search in the format Tongyi DeepResearch was trained on."""
+
+    class Valves(BaseModel):
+        """Administrator settings of the search tool."""
+
+        MAX_QUERIES_PER_SEARCH: int = Field(
+            default=5,
+            description="Most queries searched per call; extra queries are not run "
+            "and the model is told which ones were skipped. Values below 1 count as 1.",
+        )
+        RESULTS_PER_QUERY: int = Field(
+            default=10,
+            description="Most results shown per query (the model was trained on "
+            "Google's top 10). On Open WebUI 0.12+ this is also the count asked of "
+            "the engine; older versions use the admin's result count, cut to this "
+            "value. Values below 1 count as 1.",
+        )
+        CONCURRENT_QUERIES: int = Field(
+            default=5,
+            description="How many queries of one call run at the same time. "
+            "Use 1 for rate-limited engines. Values below 1 count as 1.",
+        )
+        QUERY_TIMEOUT_SECONDS: float = Field(
+            default=30,
+            description="Time limit for one query, in seconds; a query over the "
+            "limit reports a timeout without stopping the others. Values of 0 or "
+            "less mean 30.",
+        )
+        SEARCH_ENGINE: str = Field(
+            default="",
+            description="Open WebUI web search engine to use (e.g. 'searxng', "
+            "'duckduckgo', 'brave'). Empty = the engine configured in Admin "
+            "Settings → Web Search, with its settings.",
+        )
+        SEARXNG_URL: str = Field(
+            default="",
+            description="Search a SearXNG instance directly instead of Open WebUI's "
+            "engine, e.g. http://searxng:8080/search (JSON format must be enabled "
+            "in SearXNG). Needed when the tool runs outside Open WebUI.",
+        )
+
+    def __init__(self) -> None:
+        """Create the tool with default valves; sources are emitted by the tool."""
+        self.valves = self.Valves()
+        self.citation = False
+
+    async def search(
+        self,
+        query: list[str],
+        __request__: Any = None,
+        __user__: dict | None = None,
+        __event_emitter__: Emitter | None = None,
+    ) -> str:
+        """Perform Google web searches then returns a string of the top search results.
+
+        Accepts multiple queries.
+
+        :param query: The list of search queries.
+        :return: The top results of every query, as text.
+        """
+        queries = _normalise_queries(query)
+        if queries is None:
+            return INVALID_REQUEST
+        limit = _positive(self.valves.MAX_QUERIES_PER_SEARCH, 5)
+        queries, skipped = queries[:limit], queries[limit:]
+        await _emit(
+            __event_emitter__,
+            description="Searching: " + " · ".join(queries),
+            done=False,
+        )
+        try:
+            backend = await self._backend(__request__, __user__)
+        except _UnconfiguredError as exc:
+            message = str(exc) or UNCONFIGURED_TEXT
+            await _emit(__event_emitter__, description=message, done=True)
+            return message
+        except Exception as exc:  # never a traceback for the model
+            log.warning("reading web search settings failed: %s", type(exc).__name__)
+            message = SETTINGS_FAILED_TEXT
+            await _emit(__event_emitter__, description=message, done=True)
+            return message
+        outcomes = await self._run_all(queries, backend, __event_emitter__)
+        if any(outcome.unconfigured for outcome in outcomes):
+            await _emit(__event_emitter__, description=UNCONFIGURED_TEXT, done=True)
+            return UNCONFIGURED_TEXT
+        text = SEPARATOR.join(outcome.text for outcome in outcomes)
+        return text + (_skipped_note(skipped, limit) if skipped else "")
+
+    async def _backend(self, request: Any, user: dict | None) -> Backend:
+        """Pick SearXNG or Open WebUI; raise _UnconfiguredError with the reason."""
+        searxng_url = (self.valves.SEARXNG_URL or "").strip()
+        ow = _import_openwebui() if request is not None and not searxng_url else None
+        if ow is None:
+            if not searxng_url:
+                raise _UnconfiguredError(NO_BACKEND_TEXT)
+            endpoint = _searxng_endpoint(searxng_url)
+            if endpoint is None:
+                raise _UnconfiguredError(BAD_SEARXNG_URL_TEXT)
+            return lambda client, q, n: _searxng_search(client, endpoint, q, n)
+        settings = await _openwebui_settings(ow, request)
+        if not settings["enabled"]:
+            raise _UnconfiguredError(DISABLED_TEXT)
+        engine = (self.valves.SEARCH_ENGINE or "").strip() or settings["engine"]
+        if not engine:
+            raise _UnconfiguredError(UNCONFIGURED_TEXT)
+        owui_user = _owui_user(ow, user)
+
+        async def run(_client: httpx.AsyncClient, q: str, count: int) -> list[_Hit]:
+            config = settings["config"]
+            if config is not None:
+                config = {**config, "web.search.result_count": count}
+            results = await _openwebui_search(
+                ow, request, engine, q, owui_user, config=config
+            )
+            hits = (
+                _make_hit(_field(r, "title"), _field(r, "link"), _field(r, "snippet"))
+                for r in results
+            )
+            return [hit for hit in hits if hit][:count]
+
+        return run
+
+    async def _run_all(
+        self,
+        queries: list[str],
+        backend: Backend,
+        emitter: Emitter | None,
+    ) -> list[_Outcome]:
+        """Run the queries concurrently (bounded); outcomes in query order."""
+        gate = asyncio.Semaphore(_positive(self.valves.CONCURRENT_QUERIES, 5))
+        count = _positive(self.valves.RESULTS_PER_QUERY, 10)
+        timeout = float(self.valves.QUERY_TIMEOUT_SECONDS or 0)
+        timeout = timeout if timeout > 0 else 30.0
+
+        async def one(client: httpx.AsyncClient, q: str) -> _Outcome:
+            async with gate:
+                outcome = await _run_query(client, backend, q, count, timeout)
+            await _report(emitter, q, outcome)
+            return outcome
+
+        async with httpx.AsyncClient(timeout=timeout, follow_redirects=True) as client:
+            return list(await asyncio.gather(*(one(client, q) for q in queries)))
+
+
+def _owui_user(ow: SimpleNamespace, user: dict | None) -> Any:
+    """Open WebUI's UserModel from the `__user__` dict (None if it does not fit)."""
+    if not user or ow.user_model is None:
+        return None
+    try:
+        return ow.user_model(**user)
+    except Exception:  # engines that need no user still work
+        return None
+
+
+async def _run_query(
+    client: httpx.AsyncClient,
+    backend: Backend,
+    query: str,
+    count: int,
+    seconds: float,
+) -> _Outcome:
+    """Search one query; every failure becomes this query's own text."""
+    try:
+        async with asyncio.timeout(seconds):
+            hits = await backend(client, query, count)
+    except (TimeoutError, httpx.TimeoutException):
+        return _Outcome(TIMEOUT_TEXT, error=True)
+    except Exception as exc:  # one query must not sink the others
+        if MISSING_CONFIG.match(str(exc)):
+            return _Outcome(UNCONFIGURED_TEXT, error=True, unconfigured=True)
+        log.warning("search failed for a query: %s", type(exc).__name__)
+        reason = _describe_failure(exc)
+        text = f"Search failed for '{query}': {reason}. Please try again later."
+        return _Outcome(text, error=True)
+    return _Outcome(_format_block(query, hits), hits)
+
+
+async def _report(emitter: Emitter | None, query: str, outcome: _Outcome) -> None:
+    """Status event for one finished query (the result list, or the error)."""
+    if outcome.error:
+        if not outcome.unconfigured:
+            await _emit(emitter, description=outcome.text, done=True)
+        return
+    await _emit(
+        emitter,
+        action="web_search",
+        description="Searched {{count}} sites",
+        query=query,
+        urls=[hit.link for hit in outcome.hits],
+        items=[{"title": hit.title, "link": hit.link} for hit in outcome.hits],
+        done=True,
+    )

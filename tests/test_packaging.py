@@ -1,0 +1,390 @@
+"""The files users paste into Open WebUI: frontmatter, versions, sync, imports.
+
+Fast checks on the checkout (no build, no new venv). The release build and the
+clean-venv install are in test_release_artifacts.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tongyi_deepresearch_openwebui_pipeline
+from tests.packaging_support import (
+    DISTRIBUTION,
+    LOAD_PROBE,
+    PACKAGE,
+    PIPE_FILE,
+    REPLACED_IMPORT_PREFIXES,
+    ROOT,
+    ROOT_FILES,
+    TOOL_FILES,
+    TOOLS_DIR,
+    editor_ids,
+    frontmatter_lines,
+    load_script,
+    openwebui_frontmatter,
+    openwebui_replace_imports,
+    project_version,
+    run_probe,
+)
+
+REQUIRED_KEYS = {
+    "id",
+    "title",
+    "author",
+    "author_url",
+    "version",
+    "license",
+    "description",
+    "required_open_webui_version",
+}
+KNOWN_KEYS = REQUIRED_KEYS | {"requirements", "funding_url"}
+
+# Every source Open WebUI loads from text: the four root files and the package
+# tool modules they are copied from.
+PASTED_SOURCES = [ROOT / name for name in ROOT_FILES] + [
+    TOOLS_DIR / name for name in TOOL_FILES
+]
+
+
+def _relative(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def _read(path: Path) -> str:
+    if not path.is_file():
+        pytest.fail(f"{_relative(path)} does not exist")
+    return path.read_text(encoding="utf-8")
+
+
+# --- the oracle parser behaves as Open WebUI documents it ---------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ('"""\ntitle: A\nversion: 1.0\n"""\n', {"title": "A", "version": "1.0"}),
+        ('"""Sentence first.\ntitle: A\n"""\n', {}),
+        ('"""title: A\nversion: 1\n"""\n', {}),
+        ('  """  \nTitle:   A b  \n"""\n', {"Title": "A b"}),
+        ('"""\ndescription: >\n  folded text\n"""\n', {"description": ">"}),
+        (
+            '"""\ntitle: A\n  note: x\n  two words: y\n"""\n',
+            {"title": "A", "note": "x"},
+        ),
+        ('"""\ntitle: A\nend"""\nversion: 2\n', {"title": "A"}),
+        ('"""\ntitle: A\ntitle: B\n"""\n', {"title": "B"}),
+        ("", {}),
+    ],
+)
+def test_oracle_parser_follows_open_webui_rule(content, expected):
+    assert openwebui_frontmatter(content) == expected
+    # The release script's own parser must agree with the oracle.
+    assert load_script("build_release").parse_frontmatter(content) == expected
+
+
+# --- versions -----------------------------------------------------------------
+
+
+def test_package_version_matches_pyproject():
+    assert tongyi_deepresearch_openwebui_pipeline.__version__ == project_version()
+
+
+@pytest.mark.parametrize("path", PASTED_SOURCES, ids=_relative)
+def test_frontmatter_version_is_the_package_version(path):
+    meta = openwebui_frontmatter(_read(path))
+    assert meta.get("version") == project_version(), (
+        f"{_relative(path)} frontmatter version {meta.get('version')!r}, "
+        f"package version {project_version()!r}"
+    )
+
+
+def test_pipe_requires_the_same_package_version():
+    meta = openwebui_frontmatter(_read(ROOT / PIPE_FILE))
+    assert meta["requirements"] == f"{DISTRIBUTION}=={project_version()}"
+
+
+def test_changelog_has_a_section_for_the_version():
+    changelog = load_script("changelog_section")
+    text = _read(ROOT / "CHANGELOG.md")
+    assert changelog.changelog_section(text, project_version()).strip()
+
+
+# --- frontmatter as Open WebUI reads it ---------------------------------------
+
+
+@pytest.mark.parametrize("path", PASTED_SOURCES, ids=_relative)
+def test_frontmatter_is_complete_and_single_line(path):
+    content = _read(path)
+    assert content.splitlines()[0] == '"""', "first line must be a bare triple quote"
+    meta = openwebui_frontmatter(content)
+    assert meta.keys() >= REQUIRED_KEYS, f"missing {REQUIRED_KEYS - meta.keys()}"
+    keys_seen = []
+    for line in frontmatter_lines(content):
+        if not line.strip():
+            continue
+        # Anything else (a prose line, an indented continuation, a YAML block)
+        # is either dropped or turned into a bogus key by Open WebUI.
+        match = re.fullmatch(r"([a-z_]+): (\S.*)", line.rstrip())
+        assert match, f"not a single-line `key: value`: {line!r}"
+        assert match.group(1) in KNOWN_KEYS, f"unknown key {match.group(1)!r}"
+        assert match.group(2).strip() not in {">", "|", ">-", "|-"}
+        keys_seen.append(match.group(1))
+    assert len(keys_seen) == len(set(keys_seen)), f"duplicate keys in {keys_seen}"
+
+
+@pytest.mark.parametrize("path", PASTED_SOURCES, ids=_relative)
+def test_frontmatter_id_is_what_the_editor_derives_from_the_title(path):
+    meta = openwebui_frontmatter(_read(path))
+    function_id = meta["id"]
+    assert function_id.isidentifier()
+    assert function_id == function_id.lower()
+    assert editor_ids(meta["title"]) == {function_id}
+
+
+def test_pipe_frontmatter_values():
+    meta = openwebui_frontmatter(_read(ROOT / PIPE_FILE))
+    assert meta == {
+        "id": "tongyi_deepresearch",
+        "title": "Tongyi DeepResearch",
+        "author": "tongyi-deepresearch-openwebui-pipeline contributors",
+        "author_url": "https://github.com/tongyi-deepresearch-openwebui/"
+        "tongyi-deepresearch-openwebui-pipeline",
+        "version": project_version(),
+        "license": "MIT",
+        "description": "Deep research with Alibaba's Tongyi DeepResearch model: it "
+        "searches, reads pages and thinks round after round, then writes a "
+        "sourced answer.",
+        "requirements": f"{DISTRIBUTION}=={project_version()}",
+        "required_open_webui_version": "0.6.0",
+    }
+
+
+def test_tool_ids_are_the_ones_the_pipe_looks_up():
+    toolbox = pytest.importorskip(f"{PACKAGE}.adapters.openwebui.toolbox")
+    expected = {
+        spec.module + ".py": spec.registry_id for spec in toolbox.TOOL_MODULES.values()
+    }
+    assert set(expected) == set(TOOL_FILES)
+    for name, registry_id in expected.items():
+        assert openwebui_frontmatter(_read(ROOT / name))["id"] == registry_id
+
+
+# --- Open WebUI's replace_imports must not change a thing ---------------------
+
+
+@pytest.mark.parametrize("path", PASTED_SOURCES, ids=_relative)
+def test_no_substring_that_open_webui_rewrites(path):
+    content = _read(path)
+    found = [prefix for prefix in REPLACED_IMPORT_PREFIXES if prefix in content]
+    assert not found, f"{_relative(path)} contains {found}"
+    assert openwebui_replace_imports(content) == content
+
+
+def test_replace_imports_emulation_rewrites_prefixes():
+    # Guard the guard: the emulation does rewrite what Open WebUI rewrites.
+    assert openwebui_replace_imports("from configparser import X") == (
+        "from open_webui.configparser import X"
+    )
+
+
+# --- root tool files are copies of the package modules ------------------------
+
+
+def test_root_tool_files_are_in_sync():
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sync_root_files.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    for name in TOOL_FILES:
+        assert (ROOT / name).read_bytes() == (TOOLS_DIR / name).read_bytes()
+
+
+def _fake_tree(tmp_path: Path) -> Path:
+    tools = tmp_path / "src" / PACKAGE / "tools"
+    tools.mkdir(parents=True)
+    for name in TOOL_FILES:
+        (tools / name).write_text(f'"""\ntitle: {name}\n"""\n\nclass Tools: ...\n')
+    return tmp_path
+
+
+def _sync(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "sync_root_files.py"),
+            "--root",
+            str(root),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_sync_script_writes_then_check_passes(tmp_path):
+    root = _fake_tree(tmp_path)
+    assert _sync(root, "--check").returncode == 1  # copies missing
+    written = _sync(root)
+    assert written.returncode == 0, written.stdout
+    for name in TOOL_FILES:
+        assert (root / name).read_bytes() == (
+            root / "src" / PACKAGE / "tools" / name
+        ).read_bytes()
+    assert _sync(root, "--check").returncode == 0
+
+
+def test_sync_check_names_the_drifted_file_with_a_diff(tmp_path):
+    root = _fake_tree(tmp_path)
+    assert _sync(root).returncode == 0
+    (root / "visit_tool.py").write_text('"""\ntitle: edited by hand\n"""\n')
+    completed = _sync(root, "--check")
+    assert completed.returncode == 1
+    assert "out of sync: visit_tool.py" in completed.stdout
+    assert "-title: edited by hand" in completed.stdout
+    assert "search_tool.py" not in completed.stdout
+    assert "python scripts/sync_root_files.py" in completed.stdout
+
+
+def test_sync_check_reports_line_ending_only_drift(tmp_path):
+    root = _fake_tree(tmp_path)
+    assert _sync(root).returncode == 0
+    copy = root / "search_tool.py"
+    copy.write_bytes(copy.read_bytes().replace(b"\n", b"\r\n"))
+    completed = _sync(root, "--check")
+    assert completed.returncode == 1
+    assert "out of sync: search_tool.py" in completed.stdout
+
+
+# --- the pipe shim ------------------------------------------------------------
+
+
+def test_shim_body_imports_the_installed_package_first():
+    content = _read(ROOT / PIPE_FILE)
+    assert f"from {PACKAGE}.pipes.pipe import Pipe" in content
+    assert '__all__ = ["Pipe"]' in content
+    assert "sys.path.append" not in content
+    assert "sys.path.insert" not in content
+
+
+def test_shim_without_package_or_checkout_explains_how_to_install(tmp_path):
+    # Where Open WebUI runs it: a copy with nothing beside it, no package (-S:
+    # no site-packages at all). The error must say how to install the package.
+    shutil.copy(ROOT / PIPE_FILE, tmp_path / PIPE_FILE)
+    completed = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", LOAD_PROBE, "in-place", PIPE_FILE, "Pipe"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert completed.returncode != 0
+    last_line = completed.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("ImportError:")
+    assert "pip install" in last_line
+    assert DISTRIBUTION in last_line
+    assert "py3-none-any.whl" in last_line
+    assert "No module named 'tongyi_deepresearch_openwebui_pipeline'" in last_line
+
+
+def test_shim_does_not_use_a_checkout_in_the_working_directory(tmp_path):
+    # The fallback looks beside the file, never at the current directory.
+    shutil.copy(ROOT / PIPE_FILE, tmp_path / PIPE_FILE)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            LOAD_PROBE,
+            "in-place",
+            str(tmp_path / PIPE_FILE),
+            "Pipe",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert completed.returncode != 0
+    assert "ImportError:" in completed.stderr
+
+
+def test_shim_loads_like_open_webui_with_the_package_installed(tmp_path):
+    # The dev venv has the package installed (editable): the shim, exec'd from a
+    # temporary file as Open WebUI does, must hand out the package's Pipe.
+    completed = run_probe(
+        sys.executable, "open-webui", ROOT / PIPE_FILE, "Pipe", tmp_path
+    )
+    assert completed.returncode == 0, completed.stderr
+    module, defined_in, instance = completed.stdout.strip().split("|")
+    assert module == f"{PACKAGE}.pipes.pipe"
+    assert Path(defined_in) == ROOT / "src" / PACKAGE / "pipes" / "pipe.py"
+    assert instance == "Pipe"
+
+
+@pytest.mark.parametrize("name", TOOL_FILES)
+def test_root_tool_file_loads_like_open_webui(name, tmp_path):
+    completed = run_probe(sys.executable, "open-webui", ROOT / name, "Tools", tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    module, _, instance = completed.stdout.strip().split("|")
+    assert module.startswith("tool_probe_")  # defined by the pasted file itself
+    assert instance == "Tools"
+
+
+# --- cross-check with the real Open WebUI -------------------------------------
+
+
+@pytest.mark.e2e
+def test_real_open_webui_reads_the_same_frontmatter(tmp_path):
+    venv = os.environ.get("TDR_OWUI_VENV")
+    if not venv:
+        pytest.skip("TDR_OWUI_VENV is not set (bash scripts/test sets it up)")
+    script = (
+        "import json, sys\n"
+        "from open_webui.utils.plugin import extract_frontmatter, replace_imports\n"
+        "out = {}\n"
+        "for path in sys.argv[1:]:\n"
+        "    text = open(path, encoding='utf-8').read()\n"
+        "    out[path] = [extract_frontmatter(text), replace_imports(text) == text]\n"
+        "print(json.dumps(out))\n"
+    )
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "DATA_DIR": str(tmp_path / "data"),
+        "WEBUI_SECRET_KEY": "packaging-test",
+        "OFFLINE_MODE": "true",
+        "ENABLE_VERSION_UPDATE_CHECK": "false",
+    }
+    paths = [str(ROOT / name) for name in ROOT_FILES]
+    completed = subprocess.run(
+        [str(Path(venv) / "bin" / "python"), "-I", "-c", script, *paths],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=240,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    results = json.loads(completed.stdout.strip().splitlines()[-1])
+    for path in paths:
+        frontmatter, unchanged = results[path]
+        assert frontmatter == openwebui_frontmatter(
+            Path(path).read_text(encoding="utf-8")
+        )
+        assert frontmatter["version"] == project_version()
+        assert unchanged, f"Open WebUI's replace_imports changes {path}"

@@ -1,0 +1,295 @@
+"""Unit tests of the release helpers: changelog sections, requirement rewrite,
+repository detection, workflow path check. Fast; nothing is built here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.packaging_support import (
+    DISTRIBUTION,
+    PIPE_FILE,
+    ROOT,
+    load_script,
+    openwebui_frontmatter,
+    project_version,
+    wheel_name,
+)
+
+changelog = load_script("changelog_section")
+build_release = load_script("build_release")
+lint_workflows = load_script("lint_workflows")
+
+CHANGELOG = """\
+# Changelog
+
+Intro text.
+
+## [Unreleased]
+
+### Fixed
+
+- Something pending.
+
+## [1.2.0] - 2026-12-01
+
+### Added
+
+- Feature B.
+
+## [1.1.0] - 2026-11-30
+
+### Changed
+
+- Thing A.
+
+[Unreleased]: https://github.com/o/r/compare/v1.2.0...HEAD
+[1.2.0]: https://github.com/o/r/compare/v1.1.0...v1.2.0
+[1.1.0]: https://github.com/o/r/releases/tag/v1.1.0
+"""
+
+
+# --- changelog_section --------------------------------------------------------
+
+
+def test_section_in_the_middle_stops_at_the_next_release():
+    assert changelog.changelog_section(CHANGELOG, "1.2.0") == (
+        "### Added\n\n- Feature B.\n"
+    )
+
+
+def test_last_section_drops_the_link_definitions():
+    assert changelog.changelog_section(CHANGELOG, "1.1.0") == (
+        "### Changed\n\n- Thing A.\n"
+    )
+
+
+def test_tag_prefix_is_ignored():
+    assert changelog.changelog_section(CHANGELOG, "v1.2.0") == (
+        changelog.changelog_section(CHANGELOG, "1.2.0")
+    )
+
+
+def test_unreleased_section_by_name():
+    assert "Something pending" in changelog.changelog_section(CHANGELOG, "Unreleased")
+
+
+def test_version_prefix_does_not_match_a_longer_version():
+    with pytest.raises(changelog.ChangelogError, match=r"\[1\.2\]"):
+        changelog.changelog_section(CHANGELOG, "1.2")
+
+
+def test_empty_section_is_an_error():
+    text = "## [Unreleased]\n\n## [0.1.0] - 2026-11-22\n\n[0.1.0]: https://x/y\n"
+    with pytest.raises(changelog.ChangelogError, match="empty"):
+        changelog.changelog_section(text, "0.1.0")
+
+
+def _run_changelog(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "changelog_section.py"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_cli_prints_the_section_of_a_file(tmp_path):
+    path = tmp_path / "CHANGELOG.md"
+    path.write_text(CHANGELOG, encoding="utf-8")
+    completed = _run_changelog("v1.1.0", "--changelog", str(path))
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == "### Changed\n\n- Thing A.\n"
+
+
+def test_cli_fails_for_a_missing_version(tmp_path):
+    path = tmp_path / "CHANGELOG.md"
+    path.write_text(CHANGELOG, encoding="utf-8")
+    completed = _run_changelog("9.9.9", "--changelog", str(path))
+    assert completed.returncode == 1
+    assert completed.stdout == ""
+    assert "## [9.9.9]" in completed.stderr
+
+
+def test_cli_reads_the_repository_changelog_for_the_current_version():
+    completed = _run_changelog(f"v{project_version()}")
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip()
+    assert "## [" not in completed.stdout
+
+
+def test_repository_changelog_keeps_the_format():
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert "keepachangelog.com" in text
+    assert "\n## [Unreleased]\n" in text
+    assert f"\n## [{project_version()}] - " in text
+
+
+# --- build_release helpers ----------------------------------------------------
+
+
+def _project(url: str = "https://github.com/acme/thing"):
+    return build_release.Project(
+        root=ROOT,
+        name=DISTRIBUTION,
+        version="1.2.3",
+        dependencies=(),
+        repository_url=url,
+    )
+
+
+def test_repository_comes_from_github_repository_when_set(monkeypatch):
+    monkeypatch.setenv("GITHUB_REPOSITORY", "fork-owner/fork-name")
+    assert build_release.repository_slug(_project()) == "fork-owner/fork-name"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://github.com/acme/thing",
+        "https://github.com/acme/thing/",
+        "https://github.com/acme/thing.git",
+    ],
+)
+def test_repository_falls_back_to_pyproject_url(monkeypatch, url):
+    monkeypatch.delenv("GITHUB_REPOSITORY", raising=False)
+    assert build_release.repository_slug(_project(url)) == "acme/thing"
+
+
+def test_repository_of_this_project(monkeypatch):
+    monkeypatch.delenv("GITHUB_REPOSITORY", raising=False)
+    project = build_release.read_project(ROOT)
+    assert build_release.repository_slug(project) == (
+        "tongyi-deepresearch-openwebui/tongyi-deepresearch-openwebui-pipeline"
+    )
+
+
+def test_repository_that_is_not_github_is_refused(monkeypatch):
+    monkeypatch.delenv("GITHUB_REPOSITORY", raising=False)
+    with pytest.raises(build_release.ReleaseError, match="GITHUB_REPOSITORY"):
+        build_release.repository_slug(_project("https://gitlab.com/acme/thing"))
+
+
+def test_release_requirement_points_at_the_release_wheel():
+    assert build_release.release_requirement(_project(), "acme/thing") == (
+        f"{DISTRIBUTION} @ https://github.com/acme/thing/releases/download/"
+        f"v1.2.3/{wheel_name('1.2.3')}"
+    )
+
+
+def test_rewrite_requirements_changes_only_that_line():
+    original = (ROOT / PIPE_FILE).read_text(encoding="utf-8")
+    rewritten = build_release.rewrite_requirements(original, "pkg @ https://x/y.whl")
+    assert openwebui_frontmatter(rewritten)["requirements"] == "pkg @ https://x/y.whl"
+    before = original.splitlines()
+    after = rewritten.splitlines()
+    assert len(before) == len(after)
+    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+    assert len(changed) == 1
+    assert before[changed[0]].startswith("requirements: ")
+
+
+def test_rewrite_requirements_ignores_lines_after_the_frontmatter():
+    text = '"""\ntitle: T\nrequirements: a\n"""\nrequirements: b\n'
+    assert build_release.rewrite_requirements(text, "c") == (
+        '"""\ntitle: T\nrequirements: c\n"""\nrequirements: b\n'
+    )
+
+
+def test_rewrite_requirements_without_the_line_fails():
+    with pytest.raises(build_release.ReleaseError, match="requirements"):
+        build_release.rewrite_requirements('"""\ntitle: T\n"""\n', "c")
+
+
+def test_frontmatter_problems_flags_what_open_webui_would_misread():
+    text = (
+        '"""\nid: x\ntitle: X\nauthor: a\nauthor_url: u\nversion: 0.0.1\n'
+        "license: MIT\ndescription: >\n  folded\nrequired_open_webui_version: 0.6.0\n"
+        'Usage: call it\n"""\n'
+    )
+    problems = "\n".join(build_release.frontmatter_problems(text, "0.0.2"))
+    assert "'  folded'" in problems
+    assert "'Usage: call it'" in problems
+    assert "version 0.0.1 is not 0.0.2" in problems
+    assert "block scalar" in problems
+
+
+def test_build_refuses_a_tag_that_is_not_the_version(tmp_path):
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "build_release.py"),
+            "--out-dir",
+            str(tmp_path),
+            "--tag",
+            "v9.9.9",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert completed.returncode == 1
+    assert f"expected v{project_version()}" in completed.stderr
+    assert not any(tmp_path.iterdir())  # failed before building anything
+
+
+# --- workflow path check ------------------------------------------------------
+
+
+def test_workflow_path_check_finds_missing_scripts(tmp_path):
+    workflow = tmp_path / "wf.yml"
+    workflow.write_text(
+        "jobs:\n  a:\n    steps:\n"
+        "      - run: bash scripts/test\n"
+        "      - run: python scripts/no_such_script.py --x\n"
+        "      - run: ./.ci/nothing-here && echo my-scripts/ignored\n",
+        encoding="utf-8",
+    )
+    problems = lint_workflows.missing_paths(workflow, ROOT)
+    assert len(problems) == 2
+    assert "wf.yml:5: refers to scripts/no_such_script.py" in problems[0]
+    assert "wf.yml:6: refers to .ci/nothing-here" in problems[1]
+
+
+def test_repository_workflows_only_refer_to_existing_scripts():
+    workflows = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+    assert {path.name for path in workflows} >= {"ci.yml", "release.yml"}
+    for workflow in workflows:
+        assert lint_workflows.missing_paths(workflow, ROOT) == []
+        assert lint_workflows.referenced_paths(workflow.read_text(encoding="utf-8"))
+
+
+def test_ci_workflow_runs_the_readme_test_command():
+    text = (ROOT / ".github" / "workflows" / "ci.yml").read_text(encoding="utf-8")
+    assert "run: bash scripts/test\n" in text
+    release = (ROOT / ".github" / "workflows" / "release.yml").read_text(
+        encoding="utf-8"
+    )
+    assert "scripts/build_release.py" in release
+    assert "scripts/changelog_section.py" in release
+
+
+def test_lint_workflows_rejects_a_broken_workflow(tmp_path):
+    # All three checkers run, and each reports its own finding.
+    workflow = tmp_path / "broken.yml"
+    workflow.write_text(
+        "name: broken\non: push\njobs:\n  a:\n    steps:\n"
+        "      - uses: actions/checkout@v4\n"
+        "      - run: echo ${{ steps.nope.outputs.x }}\n"
+        "      - run: bash scripts/no_such_script\n",
+        encoding="utf-8",
+    )
+    completed = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "lint-workflows"), str(workflow)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 1, output
+    assert '"runs-on" section is missing' in output  # actionlint
+    assert "'runs-on' is a required property" in output  # JSON schema
+    assert "refers to scripts/no_such_script" in output  # path check

@@ -1,0 +1,1447 @@
+"""
+id: deepresearch_visit
+title: DeepResearch Visit
+author: tongyi-deepresearch-openwebui-pipeline contributors
+author_url: https://github.com/tongyi-deepresearch-openwebui/tongyi-deepresearch-openwebui-pipeline
+version: 0.1.0
+license: MIT
+description: Read web pages and PDFs safely; extract what matters for a goal.
+requirements: httpx, pypdf
+required_open_webui_version: 0.6.0
+"""  # noqa: D205, D212, D415  (Open WebUI frontmatter, not prose)
+
+# The module is self-contained on purpose: Open WebUI stores and executes this file
+# on its own, so it may only import the standard library, pydantic and httpx at the
+# top. pypdf, json5 and Open WebUI itself are optional and imported where used.
+#
+# Sections: safety, fetch, convert, extract, format, tool.
+
+import asyncio
+import codecs
+import contextlib
+import email.utils
+import inspect
+import io
+import ipaddress
+import json
+import logging
+import re
+import socket
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from typing import Any, Literal
+from urllib.parse import urljoin, urlsplit
+
+import httpx
+from pydantic import BaseModel, Field
+
+log = logging.getLogger(__name__)
+
+# The reference agent's extractor prompt, byte for byte (typos and the trailing
+# space after "Webpage Content" included): the extractor was tuned on it.
+EXTRACTOR_PROMPT = (
+    "Please process the following webpage content and user goal to extract "
+    "relevant information:\n"
+    "\n"
+    "## **Webpage Content** \n"
+    "{webpage_content}\n"
+    "\n"
+    "## **User Goal**\n"
+    "{goal}\n"
+    "\n"
+    "## **Task Guidelines**\n"
+    "1. **Content Scanning for Rationale**: Locate the **specific sections/data** "
+    "directly related to the user's goal within the webpage content\n"
+    "2. **Key Extraction for Evidence**: Identify and extract the **most relevant "
+    "information** from the content, you never miss any important information, "
+    "output the **full original context** of the content as far as possible, it "
+    "can be more than three paragraphs.\n"
+    "3. **Summary Output for Summary**: Organize into a concise paragraph with "
+    "logical flow, prioritizing clarity and judge the contribution of the "
+    "information to the goal.\n"
+    "\n"
+    '**Final Output Format using JSON format has "rational", "evidence", '
+    '"summary" feilds**\n'
+)
+
+INVALID_REQUEST = (
+    "[Visit] Invalid request format: Input must be a JSON object containing "
+    "'url' and 'goal' fields"
+)
+FAILURE_EVIDENCE = (
+    "The provided webpage content could not be accessed. "
+    "Please check the URL or file format."
+)
+FAILURE_SUMMARY = (
+    "The webpage content could not be processed, "
+    "and therefore, no information is available."
+)
+TRUNCATION_NOTE = "[Page truncated to fit the reading budget]"
+URL_SEPARATOR = "\n=======\n"
+
+_USER_AGENT = (
+    "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
+    "Chrome/124.0 Safari/537.36 DeepResearchVisit/0.1"
+)
+_ACCEPT = "text/html,application/xhtml+xml,application/pdf;q=0.9,text/*;q=0.8,*/*;q=0.5"
+_OWUI_INVALID_URL = "The URL you provided is invalid"
+_FINAL_CUT_CHARS = 25_000
+_BACKOFF_BASE_SECONDS = 1.0
+_MAX_RETRY_AFTER_SECONDS = 60.0
+
+
+class _RefusedError(Exception):
+    """The URL is not allowed (scheme, address, form). Final: never retried."""
+
+
+class _PageError(Exception):
+    """The page could not be read or converted; the message is a short reason."""
+
+
+class _ExtractorError(Exception):
+    """The extractor endpoint cannot be used; the message is user-facing."""
+
+
+async def _sleep(seconds: float) -> None:
+    """Wait between extractor retries (a seam so tests need not wait)."""
+    await asyncio.sleep(seconds)
+
+
+# ----------------------------------------------------------------------------
+# Safety: every URL and every redirect hop is checked before any byte is sent.
+# ----------------------------------------------------------------------------
+
+_CGNAT = ipaddress.ip_network("100.64.0.0/10")
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+_NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$")
+_BAD_URL_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A checked URL: where to connect (ip) and what to ask for (host, path)."""
+
+    scheme: str
+    host: str
+    port: int
+    path: str
+    ip: str
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.scheme == "https" else 80
+        name = f"[{self.host}]" if ":" in self.host else self.host
+        return name if self.port == default else f"{name}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The normalized URL (no fragment): cache key and redirect base."""
+        return f"{self.scheme}://{self.host_header}{self.path}"
+
+
+async def _resolve(host: str) -> list[str]:
+    """Resolve a host name to IP addresses (the single DNS seam)."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """IPv4 addresses an IPv6 address carries (mapped, 6to4, Teredo, NAT64)."""
+    found: list[ipaddress.IPv4Address] = []
+    if ip.ipv4_mapped:
+        found.append(ip.ipv4_mapped)
+    if ip.sixtofour:
+        found.append(ip.sixtofour)
+    if ip.teredo:
+        found.extend(ip.teredo)
+    if ip in _NAT64 or (ip.packed[:12] == bytes(12) and int(ip) > 1):
+        found.append(ipaddress.IPv4Address(ip.packed[12:]))
+    return found
+
+
+def _is_public(address: str) -> bool:
+    """True only for globally routable unicast addresses."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.scope_id or ip in _NAT64_LOCAL or ip.is_site_local:
+            return False
+        embedded = _embedded_ipv4(ip)
+        if embedded:
+            # The IPv4 inside decides: ::ffff:127.0.0.1 is loopback in disguise.
+            return all(_is_public(str(v4)) for v4 in embedded)
+    elif ip in _CGNAT:
+        return False
+    return ip.is_global and not (
+        ip.is_private
+        or ip.is_loopback
+        or ip.is_link_local
+        or ip.is_multicast
+        or ip.is_reserved
+        or ip.is_unspecified
+    )
+
+
+def _ascii_host(host: str) -> str:
+    """The host as ASCII (IDNA), or refuse it."""
+    try:
+        return host if host.isascii() else host.encode("idna").decode("ascii")
+    except UnicodeError as exc:
+        raise _RefusedError("invalid host name") from exc
+
+
+async def _check_url(url: str, allow_private: bool) -> _Target:
+    """Parse, validate and resolve a URL; refuse anything not safe to fetch."""
+    url = url.strip().replace(" ", "%20")  # as a browser would send it
+    if _BAD_URL_CHARS.search(url):
+        raise _RefusedError("the URL contains control characters or '\\'")
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise _RefusedError("malformed URL") from exc
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise _RefusedError("only http and https URLs can be read")
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise _RefusedError("URLs with user names or passwords are not read")
+    try:
+        port = parts.port or (443 if scheme == "https" else 80)
+    except ValueError as exc:
+        raise _RefusedError("invalid port") from exc
+    host = _ascii_host((parts.hostname or "").rstrip("."))
+    if not host or "%" in host:
+        raise _RefusedError("the URL has no valid host")
+    addresses = await _host_addresses(host)
+    if not allow_private:
+        blocked = [a for a in addresses if not _is_public(a)]
+        if blocked:
+            raise _RefusedError(
+                f"{host} is a private or reserved address ({blocked[0]})"
+            )
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return _Target(scheme, host, port, path, addresses[0])
+
+
+async def _host_addresses(host: str) -> list[str]:
+    """The IPs a host stands for: itself if a literal, else its DNS answers."""
+    try:
+        return [str(ipaddress.ip_address(host))]
+    except ValueError:
+        pass
+    labels = host.lower().split(".")
+    if _NUMERIC_LABEL.match(labels[-1]):
+        # 2130706433, 0x7f.1, 017700000001, 127.1: legacy spellings of an IP
+        # that resolvers expand; legitimate sites never use them.
+        raise _RefusedError("numeric host names in non-standard form are not read")
+    try:
+        addresses = await _resolve(host)
+    except (OSError, UnicodeError) as exc:
+        raise _RefusedError(f"could not resolve {host}") from exc
+    if not addresses:
+        raise _RefusedError(f"could not resolve {host}")
+    return addresses
+
+
+def _normalize_url(url: str) -> str:
+    """A cache / de-duplication key: lower-case scheme and host, no fragment."""
+    try:
+        parts = urlsplit(url.strip())
+        host = (parts.hostname or "").rstrip(".")
+        port = f":{parts.port}" if parts.port else ""
+        query = f"?{parts.query}" if parts.query else ""
+    except ValueError:
+        return url.strip()
+    return f"{parts.scheme.lower()}://{host}{port}{parts.path or '/'}{query}"
+
+
+# ----------------------------------------------------------------------------
+# Fetch: Open WebUI's own loader when inside it, else a pinned, capped httpx GET.
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class _RawPage:
+    """Bytes as downloaded, before conversion."""
+
+    final_url: str
+    body: bytes
+    content_type: str
+    truncated: bool = False
+    redirects: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Page:
+    """A readable page: text within the budget, plus where it came from."""
+
+    final_url: str
+    title: str
+    text: str
+    redirects: list[str] = field(default_factory=list)
+
+
+def _openwebui_content_loader() -> Callable[..., Any] | None:
+    """Open WebUI's `get_content_from_url` (the single Open WebUI seam), or None."""
+    try:
+        from open_webui.retrieval.utils import get_content_from_url  # type: ignore  # noqa: PLC0415
+    except Exception:  # absent, or an Open WebUI that fails to import
+        return None
+    return get_content_from_url
+
+
+async def _load_with_openwebui(request: Any, url: str) -> _Page | None:
+    """Read through the admin's configured loader; None when it cannot serve."""
+    loader = _openwebui_content_loader()
+    if loader is None:
+        return None
+    try:
+        if inspect.iscoroutinefunction(loader):
+            result = await loader(request, url)  # 0.11+ (0.12 adds config=)
+        else:
+            result = await asyncio.to_thread(loader, request, url)  # 0.6 / 0.8
+        if inspect.isawaitable(result):
+            result = await result
+    except ValueError as exc:
+        if _OWUI_INVALID_URL in str(exc):
+            raise _RefusedError("Open WebUI refused the URL") from exc
+        log.info("Open WebUI loader failed for %s: %s", url, type(exc).__name__)
+        return None
+    except Exception as exc:  # any loader failure falls back
+        log.info("Open WebUI loader failed for %s: %s", url, type(exc).__name__)
+        return None
+    content, docs = result if isinstance(result, tuple) else (result, [])
+    if not isinstance(content, str) or not content.strip():
+        return None
+    title = ""
+    for doc in docs or []:
+        meta = (
+            doc.get("metadata")
+            if isinstance(doc, dict)
+            else getattr(doc, "metadata", None)
+        )
+        if isinstance(meta, dict) and meta.get("title"):
+            title = str(meta["title"]).strip()
+            break
+    return _Page(final_url=url, title=title, text=content)
+
+
+def _http_client(verify: bool, timeout: float) -> httpx.AsyncClient:
+    """The builtin fetcher's client (a test seam).
+
+    No environment proxies (they would defeat IP pinning), no connection reuse
+    (a pooled TLS connection to one IP must not serve another host), and no
+    automatic redirects (each hop is checked by `_check_url`).
+    """
+    return httpx.AsyncClient(
+        verify=verify,
+        timeout=timeout,
+        follow_redirects=False,
+        trust_env=False,
+        limits=httpx.Limits(max_keepalive_connections=0),
+    )
+
+
+class _BoundedDecoder:
+    """Content-Encoding decoder that never produces more than asked for.
+
+    httpx's own decoder inflates a whole network chunk at once, so a gzip bomb
+    could allocate far beyond the size cap; zlib's `max_length` cannot.
+    """
+
+    def __init__(self, encoding: str) -> None:
+        encoding = encoding.strip().lower()
+        if encoding in ("", "identity"):
+            self._inflater = None
+        elif encoding in ("gzip", "x-gzip"):
+            self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif encoding == "deflate":
+            self._inflater = zlib.decompressobj(32 + zlib.MAX_WBITS)
+        else:
+            raise _PageError(f"unsupported content encoding {encoding!r}")
+
+    def feed(self, data: bytes, limit: int) -> bytes:
+        if self._inflater is None:
+            return data[:limit]
+        try:
+            return self._inflater.decompress(data, limit)
+        except zlib.error as exc:
+            raise _PageError("the compressed response is corrupt") from exc
+
+
+async def _read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
+    """Stream the body, decoded, up to `cap` bytes; report whether it was cut."""
+    decoder = _BoundedDecoder(response.headers.get("content-encoding", ""))
+    chunks: list[bytes] = []
+    size = 0
+    async for raw in response.aiter_raw():
+        piece = decoder.feed(raw, cap - size + 1)
+        size += len(piece)
+        chunks.append(piece)
+        if size > cap:
+            return b"".join(chunks)[:cap], True
+    return b"".join(chunks), False
+
+
+async def _fetch_builtin(first: _Target, valves: "Tools.Valves") -> _RawPage:
+    """GET the URL, following redirects by hand and re-checking every hop."""
+    target = first
+    redirects: list[str] = []
+    async with _http_client(valves.VERIFY_SSL, valves.PAGE_TIMEOUT_SECONDS) as client:
+        for _hop in range(valves.MAX_REDIRECTS + 1):
+            # Connect to the address that was checked, not to a fresh DNS answer:
+            # that closes the DNS-rebinding window. Host header and TLS SNI keep
+            # the real name, so virtual hosting and certificate checks still work.
+            ip = f"[{target.ip}]" if ":" in target.ip else target.ip
+            pinned = f"{target.scheme}://{ip}:{target.port}{target.path}"
+            extensions = (
+                {"sni_hostname": target.host} if target.scheme == "https" else {}
+            )
+            headers = {
+                "Host": target.host_header,
+                "User-Agent": _USER_AGENT,
+                "Accept": _ACCEPT,
+                "Accept-Encoding": "gzip, deflate",
+            }
+            request = client.build_request(
+                "GET", pinned, headers=headers, extensions=extensions
+            )
+            response = await client.send(request, stream=True)
+            try:
+                status = response.status_code
+                location = response.headers.get("location", "").strip()
+                if status >= 400 or (300 <= status < 400 and not location):
+                    raise _PageError(f"the server answered HTTP {status}")
+                if status < 300:
+                    body, cut = await _read_capped(response, valves.MAX_DOWNLOAD_BYTES)
+                    content_type = response.headers.get("content-type", "")
+                    return _RawPage(target.url, body, content_type, cut, redirects)
+                next_url = urljoin(target.url, location)
+            finally:
+                await response.aclose()
+            redirects.append(next_url)
+            target = await _check_url(next_url, valves.ALLOW_PRIVATE_URLS)
+    raise _PageError(f"more than {valves.MAX_REDIRECTS} redirects")
+
+
+# ----------------------------------------------------------------------------
+# Convert: bytes -> readable text (HTML, PDF, plain text), within the budget.
+# ----------------------------------------------------------------------------
+
+_BINARY_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x89PNG", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"GIF8", "a GIF image"),
+    (b"PK\x03\x04", "a ZIP archive or Office document"),
+    (b"\x1f\x8b", "a gzip archive"),
+    (b"7z\xbc\xaf", "a 7-Zip archive"),
+    (b"Rar!", "a RAR archive"),
+    (b"ID3", "an MP3 audio file"),
+    (b"OggS", "an Ogg media file"),
+    (b"\x00asm", "a WebAssembly binary"),
+    (b"\x7fELF", "an executable"),
+    (b"\xd0\xcf\x11\xe0", "a legacy Office document"),
+)
+_HTML_MARKER = re.compile(
+    rb"<(!doctype\s+html|html|head|body|title|meta|p|div)[\s>/]", re.I
+)
+_TEXT_TYPES = ("text/", "application/json", "application/xml", "application/xhtml")
+_HTML_TYPES = ("text/html", "application/xhtml+xml")
+_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([\w.:-]+)""", re.I)
+_CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+
+
+def _classify(content_type: str, body: bytes) -> tuple[str, str]:
+    """("pdf" | "html" | "text" | "binary", label) from headers AND the bytes."""
+    mime = content_type.split(";", maxsplit=1)[0].strip().lower()
+    head = body[:2048].lstrip(b"\xef\xbb\xbf \t\r\n")
+    if b"%PDF-" in body[:1024]:
+        return "pdf", "a PDF"
+    label = next((name for magic, name in _BINARY_MAGIC if head.startswith(magic)), "")
+    if head[4:8] == b"ftyp" or (
+        head.startswith(b"RIFF") and head[8:12] in (b"WEBP", b"WAVE", b"AVI ")
+    ):
+        label = "a media file"
+    looks_html = bool(_HTML_MARKER.search(head))
+    declared_text = mime.startswith(_TEXT_TYPES) or mime.endswith(("+json", "+xml"))
+    wide = body.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+    if not (label or looks_html or wide):
+        sample = body[:4096]
+        garbled = sample.decode("utf-8", "replace").count("\ufffd") > 8
+        if b"\x00" in sample or (garbled and not declared_text):
+            label = f"a binary file ({mime or 'unknown type'})"
+    if not label and mime.startswith(("image/", "audio/", "video/", "font/")):
+        label = f"a binary file ({mime})"
+    if label:
+        return "binary", label
+    if mime in _HTML_TYPES or (looks_html and not declared_text):
+        return "html", "an HTML page"
+    return "text", mime or "text"
+
+
+def _decode(body: bytes, content_type: str, html: bool) -> str:
+    """Decode by BOM, then header charset, then <meta charset>, else UTF-8."""
+    for bom, codec in (
+        (codecs.BOM_UTF8, "utf-8-sig"),
+        (codecs.BOM_UTF32_LE, "utf-32"),
+        (codecs.BOM_UTF32_BE, "utf-32"),
+        (codecs.BOM_UTF16_LE, "utf-16"),
+        (codecs.BOM_UTF16_BE, "utf-16"),
+    ):
+        if body.startswith(bom):
+            return body.decode(codec, errors="replace")
+    declared = re.findall(r"charset\s*=\s*[\"']?([\w.:-]+)", content_type, re.I)
+    if html:
+        declared += [m.decode("ascii", "ignore") for m in _CHARSET.findall(body[:4096])]
+    for name in declared:
+        try:
+            codec = codecs.lookup(name).name
+        except LookupError:
+            continue
+        if codec.startswith("utf-16") or codec.startswith("utf-32"):
+            continue  # a BOM-less wide charset declaration is almost always wrong
+        return body.decode(codec, errors="replace")
+    return body.decode("utf-8", errors="replace")
+
+
+def _estimate_tokens(text: str) -> float:
+    """~4 characters per token for Latin text, one token per CJK character."""
+    cjk = len(text) - len(_CJK.sub("", text))
+    return cjk + (len(text) - cjk) / 4
+
+
+def _fit_budget(text: str, max_tokens: int) -> tuple[str, bool]:
+    """Cut text to the token budget; True when something was cut."""
+    if _estimate_tokens(text) <= max_tokens:
+        return text, False
+    used, end, block = 0.0, 0, 4096
+    while end < len(text):
+        cost = _estimate_tokens(text[end : end + block])
+        if used + cost > max_tokens:
+            for char in text[end : end + block]:
+                used += 1 if _CJK.match(char) else 0.25
+                if used > max_tokens:
+                    break
+                end += 1
+            break
+        used += cost
+        end += block
+    return text[:end].rstrip(), True
+
+
+class _Buffer:
+    """Text sink that collapses whitespace the way a browser would."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.size = 0
+        self._newlines = 2  # trailing newlines so far (start counts as a break)
+        self._space = False  # a collapsed space is pending
+
+    def text(self, data: str, pre: bool = False) -> None:
+        if not pre:
+            pending = self._space or data[:1].isspace()
+            self._space = data[-1:].isspace()
+            data = " ".join(data.split())
+            if not data:
+                self._space = pending
+                return
+            if pending and self.parts and not self.parts[-1][-1:].isspace():
+                data = " " + data
+        self._add(data)
+
+    def markup(self, data: str) -> None:
+        self._space = False
+        self._add(data)
+
+    def newline(self, count: int = 1) -> None:
+        self._space = False
+        self._add("\n" * max(count - self._newlines, 0))
+
+    def _add(self, data: str) -> None:
+        if data:
+            self.parts.append(data)
+            self.size += len(data)
+            body = data.rstrip("\n")
+            tail = len(data) - len(body)
+            self._newlines = tail if body else self._newlines + tail
+
+    def value(self) -> str:
+        return "".join(self.parts)
+
+
+@dataclass
+class _Table:
+    """A table being read: finished rows as markdown, the open row and cell."""
+
+    rows: list[str] = field(default_factory=list)
+    row: list[str] | None = None
+    cell: _Buffer | None = None
+    header: bool = False
+
+
+_SKIP_TAGS = {
+    "script", "style", "noscript", "template", "svg", "nav", "aside",
+    "iframe", "object", "canvas", "select", "button", "textarea",
+}  # fmt: skip
+_CHROME_TAGS = {"header", "footer"}  # dropped unless inside <article>/<main>
+_CHROME_ROLES = {"navigation", "banner", "contentinfo", "complementary"}
+_VOID_TAGS = {
+    "area", "base", "br", "col", "embed", "hr", "img", "input", "link",
+    "meta", "param", "source", "track", "wbr",
+}  # fmt: skip
+_PARAGRAPH_TAGS = {
+    "p", "blockquote", "figure", "section", "article", "main", "dl",
+    "address", "details", "h1", "h2", "h3", "h4", "h5", "h6",
+}  # fmt: skip
+_LINE_TAGS = {"div", "dt", "dd", "figcaption", "summary", "caption", "form", "br"}
+_HIDDEN_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.I)
+
+
+class _HtmlToText(HTMLParser):
+    """HTML -> markdown-ish text: headings, lists, tables, links; no boilerplate."""
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.base_url = base_url
+        self.main = _Buffer()
+        self._sinks = [self.main]  # text goes to the last one (links, cells)
+        self._links: list[tuple[str, _Buffer]] = []
+        self._tables: list[_Table] = []
+        self._lists: list[list[int]] = []  # per open list: [ordered, items so far]
+        self._skip: tuple[str, int] | None = None  # skipped tag and its nesting
+        self._content = 0  # depth of <article>/<main>
+        self._pre = 0
+        self._titles = {"title": "", "og": ""}
+        self._in_title = False
+
+    def _hidden(self, tag: str, attrs: dict[str, str | None]) -> bool:
+        chrome = tag in _CHROME_TAGS or attrs.get("role") in _CHROME_ROLES
+        return (
+            tag in _SKIP_TAGS
+            or (chrome and not self._content)
+            or "hidden" in attrs
+            or (attrs.get("aria-hidden") or "").lower() == "true"
+            or bool(_HIDDEN_STYLE.search(attrs.get("style") or ""))
+        )
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if self._skip is not None:
+            if tag == self._skip[0]:
+                self._skip = (tag, self._skip[1] + 1)
+            return
+        attr = {key.lower(): value for key, value in attrs}
+        if tag == "title":
+            self._in_title = True
+        elif tag == "base" and attr.get("href"):
+            self.base_url = urljoin(self.base_url, attr.get("href") or "")
+        elif tag == "meta" and attr.get("property") == "og:title":
+            self._titles["og"] = " ".join((attr.get("content") or "").split())
+        elif tag not in _VOID_TAGS and self._hidden(tag, attr):
+            self._skip = (tag, 1)
+        else:
+            self._open(tag, attr)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in _VOID_TAGS:
+            self.handle_starttag(tag, attrs)
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._skip is not None:
+            if tag == self._skip[0]:
+                depth = self._skip[1] - 1
+                self._skip = (tag, depth) if depth else None
+        elif tag == "title":
+            self._in_title = False
+        else:
+            self._close(tag)
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title:
+            self._titles["title"] += data
+        elif self._skip is None:
+            self._sinks[-1].text(data, pre=self._pre > 0)
+
+    def _open(self, tag: str, attr: dict[str, str | None]) -> None:  # noqa: PLR0912
+        sink = self._sinks[-1]
+        if tag in ("article", "main"):
+            self._content += 1
+        if tag in _PARAGRAPH_TAGS:
+            sink.newline(2)
+            if tag[0] == "h" and tag[1:].isdigit():
+                sink.markup("#" * int(tag[1]) + " ")
+        elif tag in ("ul", "ol"):
+            sink.newline(1 if self._lists else 2)
+            self._lists.append([tag == "ol", 0])
+        elif tag == "li":
+            sink.newline(1)
+            entry = self._lists[-1] if self._lists else [False, 0]
+            entry[1] += 1
+            bullet = f"{entry[1]}. " if entry[0] else "- "
+            sink.markup("  " * max(len(self._lists) - 1, 0) + bullet)
+        elif tag == "table":
+            sink.newline(2)
+            self._tables.append(_Table())
+        elif tag == "tr" and self._tables:
+            self._end_row()
+            self._tables[-1].row = []
+        elif tag in ("td", "th") and self._tables:
+            table = self._tables[-1]
+            self._end_cell()
+            if table.row is None:
+                table.row = []
+            table.header |= tag == "th" and not table.rows
+            table.cell = _Buffer()
+            self._sinks.append(table.cell)
+        elif tag == "a":
+            buffer = _Buffer()
+            self._links.append((attr.get("href") or "", buffer))
+            self._sinks.append(buffer)
+        elif tag == "img" and self._links and attr.get("alt"):
+            sink.text(f" {attr.get('alt')} ")
+        elif tag == "pre":
+            sink.newline(2)
+            sink.markup("```\n")
+            self._pre += 1
+        elif tag in _LINE_TAGS or tag == "hr":
+            sink.newline(1)
+
+    def _close(self, tag: str) -> None:
+        if tag in ("article", "main"):
+            self._content = max(self._content - 1, 0)
+        if tag == "a" and self._links and self._sinks[-1] is self._links[-1][1]:
+            self._end_link()
+        elif tag in ("td", "th"):
+            self._end_cell()
+        elif tag == "tr" and self._tables:
+            self._end_row()
+        elif tag == "table" and self._tables:
+            self._end_row()
+            rows = self._tables.pop().rows
+            self._sinks[-1].markup("\n".join(rows))
+            self._sinks[-1].newline(2)
+        elif tag in ("ul", "ol") and self._lists:
+            self._lists.pop()
+            self._sinks[-1].newline(1 if self._lists else 2)
+        elif tag == "pre" and self._pre:
+            self._pre -= 1
+            self._sinks[-1].newline(1)
+            self._sinks[-1].markup("```")
+            self._sinks[-1].newline(2)
+        elif tag in _PARAGRAPH_TAGS:
+            self._sinks[-1].newline(2)
+        elif tag in _LINE_TAGS:
+            self._sinks[-1].newline(1)
+
+    def _end_link(self) -> None:
+        href, buffer = self._links.pop()
+        self._sinks.pop()
+        raw = buffer.value()
+        text, href = " ".join(raw.split()), href.strip()
+        target = urljoin(self.base_url, href)
+        useful = (
+            text
+            and href
+            and not href.startswith("#")
+            and urlsplit(target).scheme in ("http", "https")
+            and text != target
+        )
+        if useful:  # keep the spacing around the link as it was
+            lead = " " if raw[:1].isspace() else ""
+            raw = f"{lead}[{text}]({target}){' ' if raw[-1:].isspace() else ''}"
+        self._sinks[-1].text(raw)
+
+    def _end_cell(self) -> None:
+        table = self._tables[-1] if self._tables else None
+        if table is None or table.cell is None or table.cell not in self._sinks:
+            return
+        while self._sinks[-1] is not table.cell:  # a link left open inside the cell
+            self._end_link()
+        self._sinks.pop()
+        text = " ".join(table.cell.value().split()).replace("|", "\\|")
+        table.cell = None
+        if table.row is not None:
+            table.row.append(text)
+
+    def _end_row(self) -> None:
+        self._end_cell()
+        table = self._tables[-1]
+        if table.row and any(table.row):
+            table.rows.append("| " + " | ".join(table.row) + " |")
+            if len(table.rows) == 1 and table.header:
+                table.rows.append("|" + " --- |" * len(table.row))
+        table.row = None
+
+    def result(self) -> tuple[str, str]:
+        """(text, title) once parsing is done."""
+        while self._links and self._sinks[-1] is self._links[-1][1]:
+            self._end_link()  # unclosed <a> at the end of the document
+        while self._tables:
+            self._close("table")
+        lines = [line.rstrip() for line in self.main.value().splitlines()]
+        lines = [ln for ln in lines if not re.fullmatch(r"\s*(-|#+|\d+\.)", ln)]
+        text = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+        heading = re.search(r"^# (.+)$", text, re.M)
+        title = " ".join(self._titles["title"].split()) or self._titles["og"]
+        return text, title or (heading.group(1) if heading else "")
+
+
+def _html_to_text(html: str, base_url: str, char_limit: int) -> tuple[str, str]:
+    """Convert HTML, stopping early once far more text than needed is collected."""
+    parser = _HtmlToText(base_url)
+    try:
+        for start in range(0, len(html), 65536):
+            parser.feed(html[start : start + 65536])
+            if parser.main.size > char_limit:
+                break
+        parser.close()
+    except Exception:  # malformed markup: keep what was parsed
+        log.debug("HTML parser stopped early", exc_info=True)
+    return parser.result()
+
+
+def _pdf_to_text(data: bytes, char_limit: int) -> tuple[str, str]:
+    """Extract a PDF's text page by page with pypdf (optional dependency)."""
+    try:
+        from pypdf import PdfReader  # noqa: PLC0415  (optional dependency)
+    except ImportError as exc:
+        raise _PageError(
+            "reading PDFs needs the optional 'pypdf' package (pip install pypdf)"
+        ) from exc
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted:
+            reader.decrypt("")
+        pages: list[str] = []
+        total = 0
+        for number, page in enumerate(reader.pages, start=1):
+            text = (page.extract_text() or "").strip()
+            if text:
+                pages.append(f"--- Page {number} ---\n{text}")
+                total += len(text)
+            if total > char_limit:
+                break
+        title = str((reader.metadata.title if reader.metadata else "") or "").strip()
+    except Exception as exc:  # pypdf raises many kinds on bad files
+        raise _PageError(f"the PDF could not be read ({type(exc).__name__})") from exc
+    if not pages:
+        raise _PageError("the PDF has no extractable text")
+    return "\n\n".join(pages), title
+
+
+def _convert(raw: _RawPage, max_tokens: int) -> _Page:
+    """Bytes -> `_Page` (runs in a worker thread: parsing can be CPU-heavy)."""
+    if not raw.body.strip():
+        raise _PageError("the page is empty")
+    kind, label = _classify(raw.content_type, raw.body)
+    char_limit = max_tokens * 5
+    if kind == "binary":
+        raise _PageError(f"the URL points to {label}, not a readable page")
+    if kind == "pdf":
+        if raw.truncated:
+            raise _PageError("the PDF is larger than the download limit")
+        text, title = _pdf_to_text(raw.body, char_limit)
+    elif kind == "html":
+        html = _decode(raw.body, raw.content_type, html=True)
+        text, title = _html_to_text(html, raw.final_url, char_limit)
+    else:
+        text, title = _decode(raw.body, raw.content_type, html=False).strip(), ""
+    if not text.strip():
+        raise _PageError("the page has no readable text")
+    return _fitted(
+        _Page(raw.final_url, title, text, raw.redirects), max_tokens, raw.truncated
+    )
+
+
+def _fitted(page: _Page, max_tokens: int, already_cut: bool = False) -> _Page:
+    """The page cut to the token budget, with a note when anything was cut."""
+    text, cut = _fit_budget(page.text, max_tokens)
+    if cut or already_cut:
+        text = f"{text}\n\n{TRUNCATION_NOTE}"
+    return _Page(page.final_url, page.title, text, page.redirects)
+
+
+class _PageCache:
+    """Bounded LRU of read pages keyed by (chat id, normalized URL), with a TTL."""
+
+    def __init__(self, max_entries: int = 64) -> None:
+        self._entries: OrderedDict[tuple[str, str], tuple[float, _Page]] = OrderedDict()
+        self._max = max_entries
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str], ttl: float) -> _Page | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or time.monotonic() - entry[0] > ttl:
+                self._entries.pop(key, None)
+                return None
+            self._entries.move_to_end(key)
+            return entry[1]
+
+    def put(self, key: tuple[str, str], page: _Page) -> None:
+        with self._lock:
+            self._entries[key] = (time.monotonic(), page)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._max:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+_PAGE_CACHE = _PageCache()
+
+
+# ----------------------------------------------------------------------------
+# Extract: the reference EXTRACTOR_PROMPT against an OpenAI-compatible endpoint.
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Outcome:
+    """What one URL produced: extracted, a raw excerpt, or a failure."""
+
+    kind: Literal["extracted", "excerpt", "failed"]
+    evidence: str = FAILURE_EVIDENCE
+    summary: str = FAILURE_SUMMARY
+    page: _Page | None = None
+    reason: str = ""
+
+
+def _chat_url(base_url: str) -> str:
+    base = base_url.strip().rstrip("/")
+    return base if base.endswith("/chat/completions") else f"{base}/chat/completions"
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (number or HTTP date)."""
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+def _reply_text(response: httpx.Response) -> str:
+    """The assistant text of a chat completion, without any <think> block."""
+    try:
+        content = response.json()["choices"][0]["message"].get("content") or ""
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return ""
+    if isinstance(content, list):  # content parts
+        content = "".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict)
+        )
+    return re.sub(r"(?s)^.*?</think>", "", str(content)).strip()
+
+
+def _config_error(status: int, detail: str, valves: "Tools.Valves") -> _ExtractorError:
+    """A clear error naming the valve to fix; the API key is never included."""
+    if status in (401, 403):
+        names = "EXTRACTOR_API_KEY"
+    elif status == 404:
+        names = "EXTRACTOR_BASE_URL / EXTRACTOR_MODEL"
+    elif status in (400, 422):
+        names = "EXTRACTOR_MODEL / EXTRACTOR_MAX_TOKENS"
+    else:
+        names = "EXTRACTOR_BASE_URL"
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        detail = str(json.loads(detail)["error"]["message"])
+    detail = " ".join(detail.split())[:160]
+    if valves.EXTRACTOR_API_KEY:
+        detail = detail.replace(valves.EXTRACTOR_API_KEY, "***")
+    return _ExtractorError(
+        f"the extractor endpoint answered HTTP {status} ({detail}); "
+        f"check the {names} valve of the DeepResearch Visit tool"
+    )
+
+
+def _extractor_request(prompt: str, valves: "Tools.Valves") -> tuple[dict, dict]:
+    """(json body, headers) of one extractor call; no Authorization without a key."""
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": valves.EXTRACTOR_TEMPERATURE,
+        "stream": False,
+    }
+    if valves.EXTRACTOR_MODEL.strip():
+        body["model"] = valves.EXTRACTOR_MODEL.strip()
+    if valves.EXTRACTOR_MAX_TOKENS > 0:
+        body["max_tokens"] = valves.EXTRACTOR_MAX_TOKENS
+    headers = {"Content-Type": "application/json"}
+    if valves.EXTRACTOR_API_KEY.strip():
+        headers["Authorization"] = f"Bearer {valves.EXTRACTOR_API_KEY.strip()}"
+    return body, headers
+
+
+def _retry_delay(
+    response: httpx.Response, backoff: float, valves: "Tools.Valves"
+) -> float | None:
+    """Seconds to wait before retrying a failed reply; None if the prompt is too long.
+
+    Raises `_ExtractorError` for errors that retrying cannot fix (auth, config).
+    """
+    status, detail = response.status_code, response.text
+    too_long = r"context.{0,20}(length|window|size)|too long|maximum.{0,40}tokens"
+    if status in (400, 413, 422) and re.search(too_long, detail, re.I):
+        return None
+    if status not in (408, 409, 425, 429) and status < 500:
+        raise _config_error(status, detail, valves)
+    waited = _retry_after(response.headers.get("retry-after"))
+    return backoff if waited is None else waited
+
+
+async def _call_extractor(
+    client: httpx.AsyncClient, prompt: str, valves: "Tools.Valves"
+) -> str:
+    """One extractor request, retrying transient errors with backoff.
+
+    Returns the reply text ("" when the endpoint says the prompt is too long, so
+    the caller shrinks it); raises `_ExtractorError` for config or outage errors.
+    """
+    body, headers = _extractor_request(prompt, valves)
+    problem = ""
+    for attempt in range(valves.EXTRACTOR_MAX_RETRIES + 1):
+        delay = min(_BACKOFF_BASE_SECONDS * 2**attempt, 30.0)
+        try:
+            response = await client.post(
+                _chat_url(valves.EXTRACTOR_BASE_URL), json=body, headers=headers
+            )
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise _ExtractorError(
+                "the extractor URL is invalid; check the EXTRACTOR_BASE_URL valve"
+            ) from exc
+        except httpx.TransportError as exc:
+            problem = f"{type(exc).__name__} talking to the extractor endpoint"
+        else:
+            if response.status_code == 200:
+                return _reply_text(response)
+            waited = _retry_delay(response, delay, valves)
+            if waited is None:
+                return ""
+            problem = f"the extractor endpoint answered HTTP {response.status_code}"
+            if waited > _MAX_RETRY_AFTER_SECONDS:
+                break
+            delay = waited
+        if attempt < valves.EXTRACTOR_MAX_RETRIES:
+            await _sleep(delay)
+    raise _ExtractorError(f"{problem}; gave up after retries")
+
+
+def _render(value: Any) -> str:
+    """Evidence/summary as text: lists line by line, objects as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, list):
+        return "\n".join(filter(None, (_render(item) for item in value)))
+    if isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def _loads(text: str) -> Any:
+    """json, then json5 if installed; None when neither parses."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        import json5  # type: ignore[import-untyped]  # noqa: PLC0415
+    except ImportError:
+        return None
+    try:
+        return json5.loads(text)
+    except Exception:  # json5 raises ValueError and others
+        return None
+
+
+_FIELD = re.compile(
+    r"[\"']?\b(rationale|rational|evidence|summary)\b[\"']?\s*:\s*", re.I
+)
+
+
+def _scrape_fields(text: str) -> dict[str, Any]:
+    """Last resort for broken JSON (unescaped quotes, raw newlines): split on keys."""
+    matches = list(_FIELD.finditer(text))
+    fields: dict[str, Any] = {}
+    for index, match in enumerate(matches):
+        end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
+        value = text[match.end() : end].strip().rstrip("}").strip().rstrip(",").strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        parsed = _loads(value) if value.startswith("[") else None
+        fields[match.group(1).lower()] = (
+            parsed
+            if parsed is not None
+            else (value.replace("\\n", "\n").replace('\\"', '"'))
+        )
+    return fields
+
+
+def _parse_extraction(reply: str) -> tuple[str, str] | None:
+    """(evidence, summary) from the extractor reply, or None if unusable."""
+    # Outer code fences only: a ``` inside the evidence is page content.
+    text = re.sub(r"^```[a-zA-Z]*\s*|\s*```$", "", reply.strip())
+    start, end = text.find("{"), text.rfind("}")
+    candidate = text[start : end + 1] if start != -1 and end > start else text
+    data = _loads(candidate)
+    if not isinstance(data, dict):
+        data = _scrape_fields(candidate)
+    data = {str(k).lower(): v for k, v in data.items()}
+    evidence, summary = _render(data.get("evidence")), _render(data.get("summary"))
+    if not evidence and not summary:
+        return None
+    return (
+        evidence or "No verbatim evidence was quoted by the extractor.",
+        summary or "The extractor gave no summary.",
+    )
+
+
+def _document(page: _Page) -> str:
+    """The page as the extractor sees it (the reference used Jina Reader's layout)."""
+    return (
+        f"Title: {page.title}\n\nURL Source: {page.final_url}\n\n"
+        f"Markdown Content:\n{page.text}"
+    )
+
+
+def _excerpt(page: _Page, note: str, valves: "Tools.Valves") -> _Outcome:
+    """Fallback when no extractor can run: the page's beginning, clearly labelled."""
+    text = page.text[: valves.RAW_EXCERPT_CHARS].rstrip()
+    if len(page.text) > valves.RAW_EXCERPT_CHARS:
+        text += "\n[…]"
+    summary = (
+        f"{note}, so the evidence above is the beginning of the page text, "
+        "not a goal-focused extract."
+    )
+    return _Outcome("excerpt", text, summary, page, note)
+
+
+async def _extract(page: _Page, goal: str, valves: "Tools.Valves") -> _Outcome:
+    """Run the extractor like the reference: shrink 70% ×3, then 25,000 chars."""
+    if not valves.EXTRACTOR_BASE_URL.strip():
+        return _excerpt(
+            page, "No extractor model is configured (EXTRACTOR_BASE_URL valve)", valves
+        )
+    content = _document(page)
+    timeout = httpx.Timeout(
+        valves.EXTRACTOR_TIMEOUT_SECONDS,
+        connect=min(10.0, valves.EXTRACTOR_TIMEOUT_SECONDS),
+    )
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        for attempt in range(5):
+            prompt = EXTRACTOR_PROMPT.format(webpage_content=content, goal=goal)
+            try:
+                reply = await _call_extractor(client, prompt, valves)
+            except _ExtractorError as exc:
+                return _excerpt(page, f"Extraction failed: {exc}", valves)
+            parsed = _parse_extraction(reply) if len(reply.strip()) >= 10 else None
+            if parsed:
+                return _Outcome("extracted", parsed[0], parsed[1], page)
+            log.info(
+                "extractor reply unusable (attempt %d, %d chars)",
+                attempt + 1,
+                len(reply),
+            )
+            # Like the reference: 70% of the content three times, then 25,000 chars.
+            if attempt < 3:
+                content = content[: int(len(content) * 0.7)]
+            else:
+                content = content[:_FINAL_CUT_CHARS]
+    return _Outcome("failed", page=page, reason="the extractor gave no usable answer")
+
+
+# ----------------------------------------------------------------------------
+# Format: the exact text the model was trained on.
+# ----------------------------------------------------------------------------
+
+
+def _format_block(url: str, goal: str, evidence: str, summary: str) -> str:
+    return (
+        f"The useful information in {url} for user goal {goal} as follows: \n\n"
+        f"Evidence in page: \n{evidence}\n\n"
+        f"Summary: \n{summary}\n\n"
+    )
+
+
+def _coerce_urls(url: Any) -> list[str] | None:
+    """A list of non-empty URL strings, or None if the input is unusable."""
+    if isinstance(url, str):
+        text = url.strip()
+        if text.startswith("["):  # a JSON array sent as a string
+            with contextlib.suppress(ValueError):
+                url = json.loads(text)
+        if isinstance(url, str):
+            url = [text]
+    if not isinstance(url, list | tuple) or not all(isinstance(u, str) for u in url):
+        return None
+    urls = [u.strip() for u in url if u.strip()]
+    return urls or None
+
+
+async def _emit(emitter: Callable[[dict], Awaitable[Any]] | None, event: dict) -> None:
+    """Send an event; a broken emitter never breaks the tool."""
+    if emitter is None:
+        return
+    try:
+        result = emitter(event)
+        if inspect.isawaitable(result):
+            await result
+    except Exception:
+        log.debug("event emitter failed", exc_info=True)
+
+
+def _status(description: str, done: bool = False) -> dict:
+    return {"type": "status", "data": {"description": description, "done": done}}
+
+
+def _source_event(url: str, goal: str, outcome: _Outcome) -> dict:
+    page = outcome.page or _Page(url, "", "")
+    title = page.title or url
+    meta = {
+        "source": url,
+        "name": title,
+        "url": url,
+        "final_url": page.final_url,
+        "redirects": list(page.redirects),
+        "goal": goal,
+        "summary": outcome.summary,
+    }
+    return {
+        "type": "source",
+        "data": {
+            "source": {"name": title, "url": url},
+            "document": [outcome.evidence],
+            "metadata": [meta],
+        },
+    }
+
+
+# ----------------------------------------------------------------------------
+# Tool
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class _CallContext:
+    """Everything one `visit` call shares between its URLs (never on `self`)."""
+
+    valves: "Tools.Valves"
+    goal: str
+    request: Any
+    chat_id: str
+    emitter: Callable[[dict], Awaitable[Any]] | None
+    semaphore: asyncio.Semaphore
+
+
+class Tools:
+    """Open WebUI Tools module with one tool: `visit`."""
+
+    class Valves(BaseModel):
+        """Settings an administrator can change in Open WebUI."""
+
+        PAGE_LOADER: Literal["auto", "openwebui", "builtin"] = Field(
+            default="auto",
+            description="auto: Open WebUI's page loader inside Open WebUI, else (or "
+            "when it returns nothing) the built-in fetcher; openwebui: Open WebUI's "
+            "loader only; builtin: the built-in fetcher only.",
+        )
+        ALLOW_PRIVATE_URLS: bool = Field(
+            default=False,
+            description="Also read private/loopback addresses (intranets). Inside "
+            "Open WebUI its loader also needs ENABLE_LOCAL_WEB_FETCH.",
+        )
+        VERIFY_SSL: bool = Field(default=True, description="Verify TLS certificates.")
+        MAX_REDIRECTS: int = Field(
+            default=5, ge=0, le=20, description="Redirects per URL."
+        )
+        MAX_DOWNLOAD_BYTES: int = Field(
+            default=10_000_000,
+            ge=10_000,
+            description="Body size cap, after decompression.",
+        )
+        PAGE_TIMEOUT_SECONDS: float = Field(
+            default=30, gt=0, description="Time to read a page."
+        )
+        URL_TIMEOUT_SECONDS: float = Field(
+            default=300,
+            gt=0,
+            description="Time per URL, reading and extraction together.",
+        )
+        MAX_PAGE_TOKENS: int = Field(
+            default=95_000,
+            ge=1_000,
+            description="Reading budget per page (estimated tokens).",
+        )
+        MAX_URLS_PER_CALL: int = Field(
+            default=5, ge=1, le=50, description="URLs per call."
+        )
+        CONCURRENT_URLS: int = Field(
+            default=5, ge=1, le=20, description="URLs read at once."
+        )
+        CACHE_TTL_SECONDS: int = Field(
+            default=3600,
+            ge=0,
+            description="Reuse a page within a chat this long (0 = off).",
+        )
+        EXTRACTOR_BASE_URL: str = Field(
+            default="",
+            description="OpenAI-compatible base URL, e.g. http://host:8000/v1.",
+        )
+        EXTRACTOR_API_KEY: str = Field(
+            default="", description="Extractor API key (optional)."
+        )
+        EXTRACTOR_MODEL: str = Field(default="", description="Extractor model name.")
+        EXTRACTOR_TEMPERATURE: float = Field(
+            default=0.7, ge=0, le=2, description="Temperature."
+        )
+        EXTRACTOR_MAX_TOKENS: int = Field(
+            default=8192,
+            ge=0,
+            description="Extractor reply limit (0 = server default).",
+        )
+        EXTRACTOR_TIMEOUT_SECONDS: float = Field(
+            default=180, gt=0, description="Timeout of one extractor request."
+        )
+        EXTRACTOR_MAX_RETRIES: int = Field(
+            default=3, ge=0, le=10, description="Retries after timeouts, 429 and 5xx."
+        )
+        RAW_EXCERPT_CHARS: int = Field(
+            default=6000,
+            ge=500,
+            description="Page text shown when no extractor can run.",
+        )
+
+    def __init__(self) -> None:
+        """Create the tool with default valves."""
+        self.valves = self.Valves()
+        self.citation = False  # sources are emitted by the tool itself
+
+    async def visit(  # noqa: PLR0917  (Open WebUI's reserved parameters)
+        self,
+        url: list[str],
+        goal: str,
+        __request__: Any = None,
+        __user__: dict | None = None,
+        __event_emitter__: Callable[[dict], Awaitable[Any]] | None = None,
+        __chat_id__: str | None = None,
+    ) -> str:
+        """Visit webpage(s) and return the summary of the content.
+
+        :param url: The URL(s) of the webpage(s) to visit, as an array of URLs.
+        :param goal: The goal of the visit for webpage(s).
+        """
+        urls = _coerce_urls(url)
+        if urls is None or not isinstance(goal, str):
+            return INVALID_REQUEST
+        valves = self.valves.model_copy()  # read at call time: the pipe may set them
+        kept, skipped = (
+            urls[: valves.MAX_URLS_PER_CALL],
+            urls[valves.MAX_URLS_PER_CALL :],
+        )
+        ctx = _CallContext(
+            valves, goal, __request__, str(__chat_id__ or ""), __event_emitter__,
+            asyncio.Semaphore(valves.CONCURRENT_URLS),
+        )  # fmt: skip
+        tasks: dict[str, asyncio.Task[_Outcome]] = {}
+        for item in kept:  # the same URL twice in one call is read once
+            key = _normalize_url(item)
+            if key not in tasks:
+                tasks[key] = asyncio.create_task(self._visit_one(item, ctx))
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        outcomes = {key: _task_outcome(task) for key, task in tasks.items()}
+        blocks = []
+        for item in kept:
+            outcome = outcomes[_normalize_url(item)]
+            blocks.append(_format_block(item, goal, outcome.evidence, outcome.summary))
+        text = URL_SEPARATOR.join(blocks)
+        if skipped:
+            text += (
+                f"\n\n[Visit] Only {len(kept)} URLs are read per call; not read: "
+                f"{', '.join(skipped)}. Visit them in another call if still needed."
+            )
+        read = sum(1 for o in outcomes.values() if o.kind != "failed")
+        await _emit(
+            ctx.emitter, _status(f"Read {read} of {len(outcomes)} page(s)", done=True)
+        )
+        return text.strip()
+
+    async def _visit_one(self, url: str, ctx: "_CallContext") -> _Outcome:
+        """Read and extract one URL; every failure becomes a failed outcome."""
+        reason = ""
+        try:
+            async with ctx.semaphore, asyncio.timeout(ctx.valves.URL_TIMEOUT_SECONDS):
+                await _emit(ctx.emitter, _status(f"Reading: {url}"))
+                page = await self._get_page(url, ctx)
+                outcome = await _extract(page, ctx.goal, ctx.valves)
+            if outcome.kind != "failed":
+                await _emit(ctx.emitter, _source_event(url, ctx.goal, outcome))
+                return outcome
+            reason = outcome.reason
+        except _RefusedError as exc:
+            reason = f"refused: {exc}"
+        except _PageError as exc:
+            reason = str(exc)
+        except TimeoutError:
+            reason = "timed out"
+        except Exception as exc:  # one bad URL never fails the batch
+            log.exception("visit failed for %s", url)
+            reason = f"unexpected error ({type(exc).__name__})"
+        log.info("visit: could not read %s: %s", url, reason)
+        await _emit(ctx.emitter, _status(f"Could not read {url}: {reason}"))
+        return _Outcome("failed", reason=reason)
+
+    async def _get_page(self, url: str, ctx: "_CallContext") -> _Page:
+        """Safety check first, then the chat's cache, then a loader."""
+        valves = ctx.valves
+        target = await _check_url(url, valves.ALLOW_PRIVATE_URLS)
+        key = (ctx.chat_id, target.url)
+        use_cache = bool(ctx.chat_id) and valves.CACHE_TTL_SECONDS > 0
+        cached = _PAGE_CACHE.get(key, valves.CACHE_TTL_SECONDS) if use_cache else None
+        if cached is not None:
+            return cached
+        async with asyncio.timeout(valves.PAGE_TIMEOUT_SECONDS):
+            page = await self._load(target, ctx)
+        if use_cache:
+            _PAGE_CACHE.put(key, page)
+        return page
+
+    async def _load(self, target: _Target, ctx: "_CallContext") -> _Page:
+        """Open WebUI's loader when inside Open WebUI, else (or as fallback) builtin."""
+        valves = ctx.valves
+        if valves.PAGE_LOADER != "builtin" and ctx.request is not None:
+            page = await _load_with_openwebui(ctx.request, target.url)
+            if page is not None:
+                return await asyncio.to_thread(_fitted, page, valves.MAX_PAGE_TOKENS)
+            if valves.PAGE_LOADER == "openwebui":
+                raise _PageError("Open WebUI's page loader returned nothing")
+        try:
+            raw = await _fetch_builtin(target, valves)
+        except httpx.TimeoutException as exc:
+            raise _PageError("timed out") from exc
+        except httpx.HTTPError as exc:
+            raise _PageError(f"network error ({type(exc).__name__})") from exc
+        return await asyncio.to_thread(_convert, raw, valves.MAX_PAGE_TOKENS)
+
+
+def _task_outcome(task: "asyncio.Task[_Outcome]") -> _Outcome:
+    """A finished task's outcome; a crashed task counts as a failure."""
+    if task.cancelled() or task.exception() is not None:
+        return _Outcome("failed", reason="internal error")
+    return task.result()
