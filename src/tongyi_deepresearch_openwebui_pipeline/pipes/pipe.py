@@ -22,10 +22,21 @@ from pydantic import BaseModel, Field, field_validator
 from .. import __version__
 from ..adapters import secrets
 from ..adapters.model_client import ModelSettings, OpenAIModelClient, redact
+from ..adapters.openwebui.code import build_python_handler
 from ..adapters.openwebui.emitter import EventRelay, SafeEmitter
+from ..adapters.openwebui.files import (
+    build_parse_file_handler,
+    with_uploaded_files_note,
+)
+from ..adapters.openwebui.registry import (
+    registry_tool_class,
+    registry_tool_valves,
+    schedule_auto_install,
+)
 from ..adapters.openwebui.render import ChatRenderer, Display
 from ..adapters.openwebui.toolbox import (
     TOOL_MODULES,
+    Handler,
     Toolbox,
     ToolContext,
     ToolResolver,
@@ -160,6 +171,17 @@ class Pipe:
             default=True, description="Offer the google_scholar tool."
         )
         VISIT_ENABLED: bool = Field(default=True, description="Offer the visit tool.")
+        PARSE_FILE_ENABLED: bool = Field(
+            default=True,
+            description="Offer parse_file when the user attached files to the chat.",
+        )
+        PYTHON_ENABLED: bool = Field(
+            default=True,
+            description=(
+                "Offer PythonInterpreter when Open WebUI's code interpreter is set "
+                "to Jupyter (Admin Settings → Code Execution)."
+            ),
+        )
         SYSTEM_PROMPT_PREAMBLE: str = Field(
             default="", description="Text placed before the model's own system prompt."
         )
@@ -222,10 +244,19 @@ class Pipe:
                 Open WebUI constructs the pipe without arguments.
         """
         self.valves = self.Valves()
-        self._resolver = tool_resolver or ToolResolver()
+        self._resolver = tool_resolver or ToolResolver(
+            registry_lookup=registry_tool_class
+        )
 
     def pipes(self) -> list[dict[str, str]]:
         """The models this pipe offers (cheap: called on every model listing)."""
+        if self.valves.AUTO_INSTALL_TOOLS:
+            # Starts one background install per process; returns at once.
+            schedule_auto_install(
+                name
+                for name, valve in _ENABLE_VALVES.items()
+                if getattr(self.valves, valve)
+            )
         return [{"id": "tongyi-deepresearch", "name": "Tongyi DeepResearch"}]
 
     async def pipe(
@@ -262,6 +293,7 @@ class Pipe:
                 request=__request__,
                 metadata=__metadata__,
                 chat_id=__chat_id__,
+                files=__files__,
             ):
                 yield text
         except asyncio.CancelledError:
@@ -284,6 +316,7 @@ class Pipe:
         request: Any,
         metadata: dict[str, Any] | None,
         chat_id: str | None,
+        files: list[dict[str, Any]] | None = None,
     ) -> AsyncIterator[str]:
         ledger = SourceLedger()
         user_valves = (user or {}).get("valves")
@@ -307,11 +340,16 @@ class Pipe:
             user=user,
             chat_id=chat_id,
             relay=EventRelay(emit, ledger),
+            files=files,
         )
         system_extra, turns = split_conversation(body.get("messages") or [])
         if not turns or turns[-1]["role"] != "user":
             yield "Please ask a question to start the research."
             return
+        if "parse_file" in toolbox.available():
+            # The model expects "(Uploaded 1 file: ['a.txt'])\n\n" before the question.
+            question = with_uploaded_files_note(turns[-1]["content"], files)
+            turns[-1] = {"role": "user", "content": question}
         preamble = "\n\n".join(
             p for p in (valves.SYSTEM_PROMPT_PREAMBLE.strip(), system_extra) if p
         )
@@ -347,6 +385,7 @@ class Pipe:
         user: dict[str, Any] | None,
         chat_id: str | None,
         relay: EventRelay,
+        files: list[dict[str, Any]] | None = None,
     ) -> Toolbox:
         classes: dict[str, type] = {}
         for name, valve in _ENABLE_VALVES.items():
@@ -367,7 +406,30 @@ class Pipe:
             emitter=relay,
             valve_defaults={"visit": extractor},
         )
-        return Toolbox(classes, context, timeout_seconds=valves.TOOL_TIMEOUT_SECONDS)
+        # The admin's valves of the installed tools (Workspace → Tools).
+        admin_valves = {
+            name: await registry_tool_valves(TOOL_MODULES[name]) for name in classes
+        }
+        handlers: dict[str, Handler] = {}
+        parse_file = (
+            build_parse_file_handler(files, request, user)
+            if valves.PARSE_FILE_ENABLED
+            else None
+        )
+        if parse_file is not None:
+            handlers["parse_file"] = parse_file
+        python = (
+            await build_python_handler(request, user) if valves.PYTHON_ENABLED else None
+        )
+        if python is not None:
+            handlers["PythonInterpreter"] = python
+        return Toolbox(
+            classes,
+            context,
+            admin_valves=admin_valves,
+            handlers=handlers,
+            timeout_seconds=valves.TOOL_TIMEOUT_SECONDS,
+        )
 
 
 def _model_settings(valves: Pipe.Valves, api_key: str) -> ModelSettings:
