@@ -1,0 +1,700 @@
+"""Harness for the end-to-end tests: a real Open WebUI, driven like a user would.
+
+- `OpenWebUIServer` starts ``open-webui serve`` on 127.0.0.1 from the Open WebUI
+  venv with a hermetic environment (temporary data directory, offline, no
+  model providers), waits until it is ready, keeps its log in a file and stops
+  its whole process group.
+- `Api` is a small REST client (admin token) for the calls the tests make.
+- `stream_chat` runs an inline streamed chat (``POST /api/chat/completions``),
+  `ui_chat` runs a chat the way the browser does (socket.io session, chat
+  saved server side) and reads it back.
+- `ScriptedModel` routes the fake model server's requests: research turns by
+  conversation (a key in the question) and turn number, the visit tool's
+  extractor calls (non-streaming) to a separate answer.
+- ``search_block`` / ``visit_block`` / ``tool_response`` write the reference
+  tool output formats (tongyi-protocol.md §3), to compare with what the model
+  received.
+
+The pipe is installed with ``scripts/install_pipe.py``, the same code
+``scripts/serve`` uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import socketio
+
+from tests.fakes.openai_server import FakeOpenAI, Reply
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / ".e2e-artifacts"
+PIPE_FILE = ROOT / "tongyi_deepresearch_pipe.py"
+DEFAULT_OWUI_VERSION = "0.12.4"
+TOOL_IDS = ("deepresearch_search", "deepresearch_scholar", "deepresearch_visit")
+SECRET_KEY = "e2e-secret-key-not-for-production"  # a throwaway test key
+
+# What a real user's environment must not leak into the hermetic server.
+_PASSED_THROUGH = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
+
+
+def _load_installer() -> ModuleType:
+    """scripts/install_pipe.py as a module (scripts/ is not a package)."""
+    name = "tdr_install_pipe"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = ROOT / "scripts" / "install_pipe.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+installer = _load_installer()
+PIPE_MODEL_ID: str = installer.PIPE_MODEL_ID
+FUNCTION_ID: str = installer.FUNCTION_ID
+
+
+# -- the Open WebUI venv ---------------------------------------------------------
+
+
+def owui_version() -> str:
+    """The Open WebUI version under test (``OPEN_WEBUI_VERSION``)."""
+    return os.environ.get("OPEN_WEBUI_VERSION") or DEFAULT_OWUI_VERSION
+
+
+def owui_venv() -> Path:
+    """The Open WebUI venv: ``TDR_OWUI_VENV``, else the one prepare-e2e makes."""
+    explicit = os.environ.get("TDR_OWUI_VENV")
+    if explicit:
+        return Path(explicit)
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    home = os.environ.get("TDR_OWUI_HOME") or str(Path(cache) / "tdr-owui")
+    return Path(home) / f"owui-{owui_version()}"
+
+
+def venv_problem(venv: Path) -> str:
+    """Why the venv cannot run Open WebUI ('' when it can)."""
+    if not (venv / "bin" / "open-webui").is_file():
+        return (
+            f"no Open WebUI installed at {venv} "
+            "(run `bash scripts/prepare-e2e` or set TDR_OWUI_VENV)"
+        )
+    return ""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def hermetic_env(data_dir: Path, extra: Mapping[str, str] | None = None) -> dict:
+    """Environment for a server that touches nothing outside ``data_dir``.
+
+    No model providers, no update checks, no downloads, no embedding model
+    (its endpoint is the discard port, so file uploads keep their text and
+    fail fast at embedding), local pages allowed for Open WebUI's loader.
+    """
+    env = {key: os.environ[key] for key in _PASSED_THROUGH if key in os.environ}
+    env.update(
+        {
+            "DATA_DIR": str(data_dir),
+            "WEBUI_SECRET_KEY": SECRET_KEY,
+            "OFFLINE_MODE": "true",
+            "HF_HUB_OFFLINE": "1",
+            "ENABLE_VERSION_UPDATE_CHECK": "false",
+            "ENABLE_OLLAMA_API": "false",
+            "ENABLE_OPENAI_API": "false",
+            "RAG_EMBEDDING_ENGINE": "openai",
+            "RAG_OPENAI_API_BASE_URL": "http://127.0.0.1:9/v1",
+            "RAG_OPENAI_API_KEY": "unused",
+            "ENABLE_LOCAL_WEB_FETCH": "true",
+            "ENABLE_RAG_LOCAL_WEB_FETCH": "true",
+            "BYPASS_WEB_SEARCH_EMBEDDING_AND_RETRIEVAL": "true",
+            "ANONYMIZED_TELEMETRY": "false",
+            "SCARF_NO_ANALYTICS": "true",
+            "DO_NOT_TRACK": "true",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+class ServerError(RuntimeError):
+    """Open WebUI did not start (the message ends with its log's tail)."""
+
+
+class OpenWebUIServer:
+    """One ``open-webui serve`` process on 127.0.0.1 (its own process group)."""
+
+    def __init__(
+        self,
+        venv: Path,
+        workdir: Path,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        """Prepare (not start) a server whose data and log live in ``workdir``."""
+        self.venv = venv
+        self.workdir = workdir
+        self.port = free_port()
+        self.data_dir = workdir / "data"
+        self.log_path = workdir / "open-webui.log"
+        self.env = hermetic_env(self.data_dir, extra_env)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.startup_seconds = 0.0
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 240.0) -> OpenWebUIServer:
+        """Start the server and wait until it is ready.
+
+        Raises:
+            ServerError: when it exits or is not ready in time (log tail attached).
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        command = [
+            str(self.venv / "bin" / "open-webui"),
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
+        started = time.monotonic()
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                command,
+                cwd=self.workdir,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: stopped as a whole
+            )
+        try:
+            installer.wait_ready(self.base_url, timeout, alive=self.running)
+        except installer.OpenWebUIError as error:
+            self.stop()
+            raise ServerError(
+                f"{error}\n--- open-webui log (tail) ---\n{self.log_tail()}"
+            ) from None
+        self.startup_seconds = time.monotonic() - started
+        return self
+
+    def running(self) -> bool:
+        """Whether the server process is still alive."""
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, grace: float = 20.0) -> None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after ``grace``."""
+        process = self.process
+        if process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        # Children that outlived the leader (none expected) go too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+    def log_tail(self, lines: int = 60) -> str:
+        """The last lines of the server log."""
+        return log_tail(self.log_path, lines)
+
+    def keep_log(self, name: str = "open-webui.log") -> Path:
+        """Copy the log to ``.e2e-artifacts/`` (CI uploads that folder)."""
+        ARTIFACTS.mkdir(exist_ok=True)
+        target = ARTIFACTS / name
+        if self.log_path.exists():
+            shutil.copyfile(self.log_path, target)
+        return target
+
+
+def log_tail(path: Path, lines: int = 60) -> str:
+    """The last ``lines`` lines of a log file ('' when missing)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def port_is_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:``port``."""
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+# -- REST ------------------------------------------------------------------------
+
+
+class ApiError(AssertionError):
+    """An unexpected HTTP answer from Open WebUI."""
+
+
+@dataclass
+class Api:
+    """Open WebUI's REST API with a bearer token (sync; one call at a time)."""
+
+    base_url: str
+    token: str
+
+    def _client(self, timeout: float) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=timeout,
+        )
+
+    def call(
+        self, method: str, path: str, timeout: float = 120.0, **kwargs: Any
+    ) -> Any:
+        """One request; the decoded JSON answer (raises ApiError on >= 400)."""
+        with self._client(timeout) as client:
+            response = client.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            raise ApiError(
+                f"{method} {path}: HTTP {response.status_code}: {response.text[:1000]}"
+            )
+        return response.json() if response.content else None
+
+    def get(self, path: str) -> Any:
+        """GET ``path``."""
+        return self.call("GET", path)
+
+    def post(self, path: str, body: Any = None) -> Any:
+        """POST JSON ``body`` to ``path``."""
+        return self.call("POST", path, json={} if body is None else body)
+
+    def rest_client(self) -> Any:
+        """The installer's client for the same server and token."""
+        return installer.RestClient(self.base_url, self.token)
+
+    def models(self) -> list[dict[str, Any]]:
+        """``GET /api/models`` entries."""
+        return self.get("/api/models")["data"]
+
+    def tools(self) -> list[dict[str, Any]]:
+        """``GET /api/v1/tools/`` entries."""
+        return self.get("/api/v1/tools/")
+
+    def wait_for_tools(
+        self, ids: tuple[str, ...] = TOOL_IDS, timeout: float = 10.0
+    ) -> dict[str, dict[str, Any]]:
+        """Registry entries of ``ids`` once all are present (else what there is)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = {tool["id"]: tool for tool in self.tools() if tool["id"] in ids}
+            if len(found) == len(ids) or time.monotonic() > deadline:
+                return found
+            time.sleep(0.5)
+
+    def configure_web_search(self, searxng_search_url: str, count: int = 3) -> Any:
+        """Point Open WebUI's web search at a SearXNG instance."""
+        return self.post(
+            "/api/v1/retrieval/config/update",
+            {
+                "web": {
+                    "ENABLE_WEB_SEARCH": True,
+                    "WEB_SEARCH_ENGINE": "searxng",
+                    "SEARXNG_QUERY_URL": f"{searxng_search_url}?q=<query>",
+                    "WEB_SEARCH_RESULT_COUNT": count,
+                    "WEB_LOADER_ENGINE": "",
+                    "BYPASS_WEB_SEARCH_EMBEDDING_AND_RETRIEVAL": True,
+                }
+            },
+        )
+
+    def upload_file(self, name: str, data: bytes, content_type: str) -> dict:
+        """Upload a file and extract its text now (not in the background)."""
+        return self.call(
+            "POST",
+            "/api/v1/files/?process=true&process_in_background=false",
+            files={"file": (name, data, content_type)},
+        )
+
+    def chat(self, body: dict[str, Any], timeout: float = 120.0) -> dict[str, Any]:
+        """A non-streaming ``POST /api/chat/completions``."""
+        return self.call(
+            "POST", "/api/chat/completions", timeout, json={**body, "stream": False}
+        )
+
+    def get_chat(self, chat_id: str) -> dict[str, Any]:
+        """``GET /api/v1/chats/{chat_id}``."""
+        return self.get(f"/api/v1/chats/{chat_id}")
+
+
+# -- inline streamed chat ----------------------------------------------------------
+
+
+@dataclass
+class ChatStream:
+    """What an inline streamed chat sent back, parsed from its SSE lines."""
+
+    status: int = 0
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = False
+    seconds: float = 0.0
+
+    @property
+    def pieces(self) -> list[str]:
+        """The non-empty ``delta.content`` pieces, in arrival order."""
+        return [
+            (choice.get("delta") or {}).get("content") or ""
+            for chunk in self.chunks
+            for choice in chunk.get("choices") or []
+            if (choice.get("delta") or {}).get("content")
+        ]
+
+    @property
+    def content(self) -> str:
+        """All ``delta.content`` pieces joined."""
+        return "".join(self.pieces)
+
+    @property
+    def errors(self) -> list[Any]:
+        """``{"error": …}`` items in the stream."""
+        return [chunk["error"] for chunk in self.chunks if "error" in chunk]
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        """Every ``finish_reason`` sent."""
+        return [
+            choice["finish_reason"]
+            for chunk in self.chunks
+            for choice in chunk.get("choices") or []
+            if choice.get("finish_reason")
+        ]
+
+
+async def stream_chat(
+    base_url: str,
+    token: str,
+    question: str,
+    model: str = PIPE_MODEL_ID,
+    timeout: float = 120.0,
+    **extra: Any,
+) -> ChatStream:
+    """Ask ``question`` in an inline streamed chat and collect the stream."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": question}],
+        "stream": True,
+        **extra,
+    }
+    result = ChatStream()
+    started = time.monotonic()
+    async with (
+        httpx.AsyncClient(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+        ) as client,
+        client.stream("POST", "/api/chat/completions", json=body) as response,
+    ):
+        result.status = response.status_code
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:") :].strip()
+            if data == "[DONE]":
+                result.done = True
+                continue
+            with contextlib.suppress(json.JSONDecodeError):
+                result.chunks.append(json.loads(data))
+    result.seconds = time.monotonic() - started
+    return result
+
+
+# -- the UI path: socket.io session + saved chat ----------------------------------
+
+
+@dataclass
+class UiChat:
+    """A chat run the way the browser runs it, read back from the server."""
+
+    chat_id: str
+    message_id: str
+    events: list[dict[str, Any]]
+    chat: dict[str, Any]
+
+    @property
+    def message(self) -> dict[str, Any]:
+        """The saved assistant message."""
+        return self.chat["chat"]["history"]["messages"][self.message_id]
+
+    def event_types(self) -> list[str]:
+        """The ``type`` of every socket event for this chat, in order."""
+        return [
+            str((event.get("data") or {}).get("type"))
+            for event in self.events
+            if event.get("chat_id") == self.chat_id
+        ]
+
+    def deltas(self, kind: str) -> list[str]:
+        """Live ``response:completion`` deltas of one kind (e.g. reasoning)."""
+        return [
+            str(payload["data"].get("delta", ""))
+            for event in self.events
+            if event.get("message_id") == self.message_id
+            and (payload := event.get("data") or {}).get("type")
+            == "response:completion"
+            and payload["data"].get("type") == f"response.{kind}.delta"
+        ]
+
+
+async def ui_chat(
+    api: Api,
+    question: str,
+    model: str = PIPE_MODEL_ID,
+    timeout: float = 120.0,
+) -> UiChat:
+    """Run a new chat over a socket.io session, as the web UI does.
+
+    The server saves the chat, streams events to the session and writes the
+    assistant message when done; the chat is then read back over REST.
+    """
+    events: list[dict[str, Any]] = []
+    message_id = str(uuid.uuid4())
+    finished = asyncio.Event()
+
+    sio = socketio.AsyncClient(reconnection=False)
+
+    async def on_event(data: dict[str, Any]) -> None:
+        events.append(data)
+        payload = data.get("data") or {}
+        if (
+            data.get("message_id") == message_id
+            and payload.get("type") == "chat:completion"
+            and (payload.get("data") or {}).get("done")
+        ):
+            finished.set()
+
+    sio.on("events", on_event)
+    await sio.connect(
+        api.base_url,
+        socketio_path="/ws/socket.io",
+        auth={"token": api.token},
+        transports=["websocket"],
+        wait_timeout=20,
+    )
+    try:
+        await sio.emit("user-join", {"auth": {"token": api.token}})
+        user_id = str(uuid.uuid4())
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": question}],
+            "stream": True,
+            "session_id": sio.get_sid(),
+            "parent_id": None,
+            "id": message_id,
+            "user_message": {
+                "id": user_id,
+                "parentId": None,
+                "childrenIds": [],
+                "role": "user",
+                "content": question,
+                "timestamp": int(time.time()),
+            },
+            "background_tasks": {
+                "title_generation": True,
+                "tags_generation": True,
+                "follow_up_generation": True,
+            },
+        }
+        async with httpx.AsyncClient(
+            base_url=api.base_url,
+            headers={"Authorization": f"Bearer {api.token}"},
+            timeout=timeout,
+        ) as client:
+            response = await client.post("/api/chat/completions", json=body)
+        if response.status_code != 200:
+            raise ApiError(f"UI chat: HTTP {response.status_code}: {response.text}")
+        chat_id = response.json()["chat_id"]
+        await asyncio.wait_for(finished.wait(), timeout)
+        chat = await _saved_chat(api, chat_id, message_id, timeout=20)
+    finally:
+        await sio.disconnect()
+    return UiChat(chat_id, message_id, events, chat)
+
+
+async def _saved_chat(
+    api: Api, chat_id: str, message_id: str, timeout: float
+) -> dict[str, Any]:
+    """The chat once its assistant message is saved as done."""
+    deadline = time.monotonic() + timeout
+    while True:
+        chat = await asyncio.to_thread(api.get_chat, chat_id)
+        message = chat["chat"]["history"]["messages"].get(message_id) or {}
+        if message.get("done") or time.monotonic() > deadline:
+            return chat
+        await asyncio.sleep(0.25)
+
+
+# -- the scripted model ------------------------------------------------------------
+
+
+def question_of(body: Mapping[str, Any]) -> str:
+    """The user's question in a research request (first non-tool user message)."""
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if (
+            message.get("role") == "user"
+            and isinstance(content, str)
+            and not content.startswith("<tool_response>")
+        ):
+            return content
+    return ""
+
+
+def tool_responses(body: Mapping[str, Any]) -> list[str]:
+    """The contents of the ``<tool_response>`` user messages, in order."""
+    return [
+        message["content"]
+        for message in body.get("messages") or []
+        if message.get("role") == "user"
+        and isinstance(message.get("content"), str)
+        and message["content"].startswith("<tool_response>")
+    ]
+
+
+def turn_of(body: Mapping[str, Any]) -> int:
+    """Which research turn a request is (assistant messages so far)."""
+    return sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
+
+
+Extractor = Callable[[str], Reply]
+
+
+class ScriptedModel:
+    """Answers the fake model server's requests from per-conversation scripts.
+
+    Research requests (streaming) are matched to a conversation by a key that
+    occurs in the question, and answered with that conversation's reply for
+    the turn (the number of assistant messages so far), so concurrent chats
+    never take each other's replies. Non-streaming requests are the visit
+    tool's extractor calls and go to ``extractor(prompt)``.
+    """
+
+    def __init__(self, fake: FakeOpenAI) -> None:
+        """Route ``fake``'s requests through this script."""
+        self.fake = fake
+        self.conversations: dict[str, list[Reply]] = {}
+        self.extractor: Extractor | None = None
+        self._first_turns: threading.Barrier | None = None
+        fake.respond_with(self)
+
+    def conversation(self, key: str, *replies: Reply) -> None:
+        """Script the turns of the conversation whose question contains ``key``."""
+        self.conversations[key] = list(replies)
+
+    def hold_first_turns(self, parties: int, timeout: float = 30.0) -> None:
+        """Answer no conversation's first turn until ``parties`` are waiting.
+
+        Shows concurrency structurally: chats run one after the other never
+        get there, and their first turns fail (HTTP 503) after ``timeout``.
+        """
+        self._first_turns = threading.Barrier(parties, timeout=timeout)
+
+    def key_of(self, body: Mapping[str, Any]) -> str | None:
+        """Which conversation a research request belongs to."""
+        question = question_of(body)
+        for key in self.conversations:
+            if key in question:
+                return key
+        return None
+
+    def bodies(self, key: str | None = None) -> list[dict[str, Any]]:
+        """Recorded research requests (of one conversation when ``key`` is set)."""
+        return [
+            body
+            for body in list(self.fake.bodies)
+            if body.get("stream") and (key is None or self.key_of(body) == key)
+        ]
+
+    def extractor_prompts(self) -> list[str]:
+        """The prompts of the extractor calls (non-streaming requests)."""
+        return [
+            str(body["messages"][-1]["content"])
+            for body in list(self.fake.bodies)
+            if not body.get("stream")
+        ]
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        """The reply for one request (runs in the fake server's threads)."""
+        if not body.get("stream"):
+            if self.extractor is None:
+                return Reply(status=500, error="no extractor scripted")
+            return self.extractor(str(body["messages"][-1]["content"]))
+        key = self.key_of(body)
+        if key is None:
+            return Reply(status=500, error="no conversation scripted for this question")
+        turn = turn_of(body)
+        if turn == 0 and self._first_turns is not None:
+            try:
+                self._first_turns.wait()
+            except threading.BrokenBarrierError:
+                return Reply(status=503, error="the other chats never arrived")
+        replies = self.conversations[key]
+        return replies[min(turn, len(replies) - 1)]
+
+
+# -- reference tool output formats (tongyi-protocol.md §3) --------------------------
+
+
+def tool_response(text: str) -> str:
+    """A tool result as the model receives it."""
+    return f"<tool_response>\n{text}\n</tool_response>"
+
+
+def search_block(query: str, hits: list[tuple[str, str, str]]) -> str:
+    """The search tool's text for one query; ``hits`` are (title, url, snippet)."""
+    entries = [
+        f"{index}. [{title}]({url})\n" + (f"\n{snippet}" if snippet else "")
+        for index, (title, url, snippet) in enumerate(hits, start=1)
+    ]
+    return (
+        f"A Google search for '{query}' found {len(hits)} results:\n\n"
+        "## Web Results\n" + "\n\n".join(entries)
+    )
+
+
+def visit_block(url: str, goal: str, evidence: str, summary: str) -> str:
+    """The visit tool's text for one URL (before the final strip)."""
+    return (
+        f"The useful information in {url} for user goal {goal} as follows: \n\n"
+        f"Evidence in page: \n{evidence}\n\n"
+        f"Summary: \n{summary}\n\n"
+    )

@@ -1,0 +1,125 @@
+"""A user in headless Chromium: sign in, pick the model, ask, see the research.
+
+Chromium is Debian's ``/usr/bin/chromium`` (or ``TDR_CHROMIUM``) driven by
+Playwright; ``playwright install`` is never used. Every request the page makes
+to anything but 127.0.0.1 is aborted. The screenshot is saved in
+``.e2e-artifacts/`` (CI uploads it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from playwright.async_api import Page, Route, async_playwright
+
+from tests.fakes.openai_server import Reply, answer, tool_call
+from tests.fakes.searxng import FakeSearXNG, result
+
+from .conftest import ADMIN_EMAIL, ADMIN_PASSWORD, OwuiSession, unavailable
+from .owui import ARTIFACTS, ScriptedModel
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+QUESTION = "Why do wind turbines usually have three blades?"
+REASONING = "I should search for why three blades are standard."
+ANSWER = "Three blades balance efficiency, cost and smooth rotation."
+SNIPPET = "Three-bladed rotors balance cost and stability."
+SCREENSHOT = ARTIFACTS / "browser-chat.png"
+
+
+def chromium_path() -> Path:
+    """The Chromium binary (``TDR_CHROMIUM``, default /usr/bin/chromium)."""
+    return Path(os.environ.get("TDR_CHROMIUM") or "/usr/bin/chromium")
+
+
+@pytest.fixture
+async def page() -> AsyncIterator[Page]:
+    """A fresh page in headless Chromium that can reach only 127.0.0.1."""
+    executable = chromium_path()
+    if not executable.is_file():
+        unavailable(f"no Chromium at {executable} (apt-get install -y chromium)")
+
+    async def loopback_only(route: Route) -> None:
+        url = route.request.url
+        host = urlsplit(url).hostname
+        if url.startswith(("data:", "blob:")) or host in ("127.0.0.1", "localhost"):
+            await route.continue_()
+        else:
+            await route.abort()
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(executable), args=CHROMIUM_ARGS
+        )
+        try:
+            context = await browser.new_context(viewport={"width": 1280, "height": 900})
+            await context.route("**/*", loopback_only)
+            yield await context.new_page()
+        finally:
+            await browser.close()
+
+
+async def test_user_sees_reasoning_tool_card_and_answer(
+    page: Page, owui: OwuiSession, model: ScriptedModel, search: FakeSearXNG
+) -> None:
+    search.script(
+        "wind turbine three blades",
+        results=[result("https://example.org/rotors", "Rotor design", SNIPPET)],
+    )
+    model.conversation(
+        "wind turbines",
+        Reply(
+            reasoning=REASONING,
+            content=tool_call("search", {"query": ["wind turbine three blades"]}),
+        ),
+        Reply(reasoning="The search result explains it.", content=answer(ANSWER)),
+    )
+
+    # Sign in.
+    await page.goto(f"{owui.base_url}/auth")
+    await page.fill("#email", ADMIN_EMAIL)
+    await page.fill("#password", ADMIN_PASSWORD)
+    await page.get_by_role("button", name="Sign in").click()
+    selector = page.get_by_role("button", name="Selected model: Tongyi DeepResearch")
+    await selector.wait_for(timeout=60_000)
+    whats_new = page.get_by_role("button", name="Okay, Let's Go!")
+    if await whats_new.is_visible():
+        await whats_new.click()
+
+    # Pick the model and ask.
+    await selector.click()
+    await page.get_by_role("option", name="Select Tongyi DeepResearch model").click()
+    await page.locator("#chat-input").click()
+    await page.keyboard.type(QUESTION)
+    await page.keyboard.press("Enter")
+
+    # The answer, a reasoning block and the tool card appear.
+    await page.get_by_text(ANSWER).wait_for(timeout=90_000)
+    thoughts = page.get_by_text("Thought for", exact=False)
+    assert await thoughts.count() == 2
+    card = page.get_by_text("View Result from search")
+    await card.wait_for()
+
+    # Opening them shows the model's reasoning and the search result.
+    await thoughts.first.click()
+    await page.get_by_text(REASONING).wait_for()
+    await card.click()
+    await page.get_by_text(SNIPPET, exact=False).first.wait_for()
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    await page.screenshot(path=str(SCREENSHOT), full_page=True)
+    assert SCREENSHOT.stat().st_size > 10_000
+    assert len(model.bodies("wind turbines")) == 2

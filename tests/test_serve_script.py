@@ -1,0 +1,153 @@
+"""scripts/serve and scripts/install_pipe.py without a running Open WebUI.
+
+The full run (start, install, chat, Ctrl-C) is tests/e2e/test_serve.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE = ROOT / "scripts" / "serve"
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+installer = _load("install_pipe_under_test", ROOT / "scripts" / "install_pipe.py")
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_description_comes_from_the_release_asset_frontmatter() -> None:
+    content = (ROOT / "tongyi_deepresearch_pipe.py").read_text(encoding="utf-8")
+
+    description = installer.description_of(content)
+
+    line = next(
+        line for line in content.splitlines() if line.startswith("description:")
+    )
+    assert description == line.split(":", 1)[1].strip()
+    assert description
+
+
+def test_description_needs_a_bare_first_line() -> None:
+    assert installer.description_of('"""Title\ndescription: x\n"""') == ""
+    assert installer.description_of('"""\ntitle: T\n"""\ndescription: late') == ""
+    assert installer.description_of('"""\nDescription:  spaced  \n"""') == "spaced"
+
+
+def test_valves_default_to_a_local_vllm_server() -> None:
+    assert installer.valves_from_env({}) == {
+        "API_BASE_URL": "http://localhost:8000/v1",
+        "API_KEY": "",
+        "MODEL_ID": "Alibaba-NLP/Tongyi-DeepResearch-30B-A3B",
+    }
+
+
+def test_valves_follow_the_environment() -> None:
+    valves = installer.valves_from_env(
+        {
+            "TONGYI_API_BASE_URL": "http://gpu-box:8001/v1",
+            "TONGYI_API_KEY": "sk-local",
+            "TONGYI_MODEL_ID": "tongyi",
+        }
+    )
+
+    assert valves == {
+        "API_BASE_URL": "http://gpu-box:8001/v1",
+        "API_KEY": "sk-local",
+        "MODEL_ID": "tongyi",
+    }
+
+
+def test_installer_reports_an_unreachable_server(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TONGYI_API_KEY", "sk-never-printed")
+    port = _closed_port()
+
+    code = installer.main(["--url", f"http://127.0.0.1:{port}"])
+
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("install_pipe: POST /api/v1/auths/signin failed")
+    assert "sk-never-printed" not in err
+
+
+def test_installer_stops_waiting_when_the_server_process_is_gone(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    dead_pid = 2**22 + 12345  # above the default pid_max: never a live process
+
+    code = installer.main(
+        [
+            "--url",
+            f"http://127.0.0.1:{_closed_port()}",
+            "--wait-ready",
+            "60",
+            "--server-pid",
+            str(dead_pid),
+        ]
+    )
+
+    assert code == 1
+    assert "Open WebUI exited while starting" in capsys.readouterr().err
+
+
+def _serve(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SERVE), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=60,
+        check=False,
+    )
+
+
+def test_serve_help_describes_the_settings() -> None:
+    result = _serve("--help")
+
+    assert result.returncode == 0
+    for name in ("PORT", "DATA_DIR", "TONGYI_API_BASE_URL", "TONGYI_API_KEY"):
+        assert name in result.stdout
+    assert "TONGYI_MODEL_ID" in result.stdout
+    assert not result.stdout.startswith("#")
+
+
+def test_serve_rejects_unknown_arguments() -> None:
+    result = _serve("--bogus")
+
+    assert result.returncode != 0
+    assert "unknown argument: --bogus" in result.stderr
+
+
+def test_serve_without_prepare_needs_an_existing_venv(tmp_path: Path) -> None:
+    result = _serve(
+        "--no-prepare",
+        TDR_OWUI_VENV=str(tmp_path / "missing-venv"),
+        DATA_DIR=str(tmp_path / "data"),
+    )
+
+    assert result.returncode != 0
+    assert f"no Open WebUI in {tmp_path / 'missing-venv'}" in result.stderr
+    assert not (tmp_path / "data").exists()
