@@ -1,0 +1,99 @@
+"""The benchmark suite runs end to end and prints every figure.
+
+`python -m benchmarks.run --quick` is run as a user would run it. Timings are
+NOT asserted (CI machines are noisy; the quick run never fails on timing):
+what is checked is that every benchmark ran, printed its figure next to its
+baseline, and that the correctness checks inside (e.g. no cross-talk between
+concurrent chats) held.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from benchmarks.report import Row, table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Every figure the suite must report (the start of its name in the table).
+FIGURES = (
+    "search: 5 queries in 1 call",
+    "visit: 5 URLs in 1 call",
+    "streaming throughput (pipe)",
+    "time to first token (pipe)",
+    "per-round overhead (pipe over HTTP)",
+    "per-round time (in process, no I/O)",
+    "10 chats at once, one Pipe",
+    "cross-talk between chats",
+    "peak memory, 10 chats",
+    "event-loop lag, visit",
+)
+
+
+@pytest.fixture(scope="module")
+def quick_run() -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+
+
+def _table_rows(output: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in output.splitlines():
+        if not line.startswith("| ") or line.startswith("| name "):
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        rows[cells[0]] = cells
+    return rows
+
+
+def test_quick_run_completes_and_passes_its_checks(quick_run):
+    assert quick_run.returncode == 0, quick_run.stdout[-3000:] + quick_run.stderr
+    assert "all checks passed" in quick_run.stdout
+    assert "could not run" not in quick_run.stdout
+
+
+def test_quick_run_prints_every_figure_with_its_baseline(quick_run):
+    rows = _table_rows(quick_run.stdout)
+    for figure in FIGURES:
+        matches = [cells for name, cells in rows.items() if name.startswith(figure)]
+        assert matches, f"{figure!r} missing from:\n{quick_run.stdout[-3000:]}"
+        name, measured, baseline, ratio, target, result = matches[0]
+        assert re.search(r"\d", measured), (name, measured)
+        assert result.split()[0] in ("PASS", "FAIL", "INFO"), (name, result)
+        assert target, name
+        if result != "INFO" and "cross-talk" not in name:
+            # a timed figure always comes with its side-by-side baseline
+            assert re.search(r"\d", baseline) or ratio == "—", (name, baseline)
+    assert rows["cross-talk between chats"][1] == "0 problems"
+    assert rows["cross-talk between chats"][5] == "PASS"
+
+
+def test_quick_run_reports_the_machine_and_each_benchmark(quick_run):
+    out = quick_run.stdout
+    assert re.search(r"\d+ cores, load average [\d.]+", out)
+    assert out.count("\n## ") == 5
+    assert "max loop lag" in out and "idle loop" in out
+    assert "5 one-query calls in a row" in out
+
+
+def test_quick_runs_never_fail_on_timing_but_fail_on_checks():
+    slow = Row("slow", "2 s", "1 s", 2.0, "≤ 1.3×", False)
+    broken = Row("cross-talk", "3 problems", "—", None, "0", False, timing=False)
+    fine = Row("fast", "1 s", "1 s", 1.0, "≤ 1.3×", True)
+    assert not slow.fails(quick=True) and slow.fails(quick=False)
+    assert broken.fails(quick=True) and broken.fails(quick=False)
+    assert not fine.fails(quick=False)
+    rows = _table_rows(table([slow, broken, fine], quick=True))
+    assert rows["slow"][5] == "FAIL (not enforced: --quick)"
+    assert rows["cross-talk"][5] == "FAIL"
+    assert rows["fast"][5] == "PASS"
