@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
 from tongyi_deepresearch_openwebui_pipeline.adapters.model_client import (
     STOP_SEQUENCES,
     ModelSettings,
     OpenAIModelClient,
+    SSEDecoder,
+    _Transient,
+    chunks_of,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.events import (
     ModelDelta,
@@ -193,3 +198,102 @@ async def test_stream_options_rejected_is_retried_without_it():
         chunks, _ = await run(fake)
         assert "stream_options" not in fake.bodies[1]
     assert text_of(chunks)[1].endswith("</answer>")
+
+
+# -- the incremental SSE decoder ---------------------------------------------------
+
+SSE = (
+    ": comment\n\n"
+    'data: {"choices": [{"delta": {"reasoning_content": "think "}}]}\n\n'
+    'data: {"choices": [{"delta": {"content": "<answer>é"}}]}\r\n\r\n'
+    'event: ping\ndata: {"choices": [{"delta": {"content": "</answer>"}, '
+    '"finish_reason": "stop"}]}\n\n'
+    'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}\n\n'
+    "data: [DONE]\n\n"
+    'data: {"choices": [{"delta": {"content": "after done"}}]}\n\n'
+)
+
+
+def decode_in_pieces(text: str, sizes: list[int]) -> list[dict]:
+    decoder = SSEDecoder()
+    payloads: list[dict] = []
+    position = index = 0
+    while position < len(text):
+        size = max(1, sizes[index % len(sizes)])
+        payloads += decoder.feed(text[position : position + size])
+        position += size
+        index += 1
+    return payloads + decoder.flush()
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=8))
+def test_sse_split_anywhere_gives_the_same_payloads(sizes):
+    whole = decode_in_pieces(SSE, [len(SSE)])
+    assert len(whole) == 4
+    assert decode_in_pieces(SSE, sizes) == whole
+
+
+def test_sse_last_line_without_newline_is_flushed():
+    decoder = SSEDecoder()
+    assert decoder.feed('data: {"a": 1}') == []
+    assert decoder.flush() == [{"a": 1}]
+
+
+def test_sse_broken_json_is_a_transient_failure():
+    with pytest.raises(_Transient):
+        SSEDecoder().feed("data: {broken\n\n")
+
+
+def test_one_read_becomes_one_delta_in_order():
+    payloads = decode_in_pieces(SSE, [len(SSE)])
+    chunks = chunks_of(payloads)
+    assert chunks == [
+        ModelDelta("think ", "<answer>é</answer>"),
+        ModelFinish("stop"),
+        ModelUsage(3, 4, None),
+    ]
+
+
+def test_reasoning_after_content_starts_a_new_delta():
+    payloads = [
+        {"choices": [{"delta": {"content": "a"}}]},
+        {"choices": [{"delta": {"reasoning": "b"}}]},
+        {"choices": [{"delta": {"content": "c"}}]},
+    ]
+    assert chunks_of(payloads) == [ModelDelta("", "a"), ModelDelta("b", "c")]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "choices",
+                    "delta",
+                    "content",
+                    "reasoning",
+                    "usage",
+                    "reasoning_content",
+                    "finish_reason",
+                    "prompt_tokens",
+                ]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.dictionaries(st.sampled_from(["choices", "usage", "id"]), JSON_VALUES))
+)
+def test_odd_payload_shapes_never_crash(payloads):
+    for chunk in chunks_of(payloads):
+        if isinstance(chunk, ModelUsage):
+            assert chunk.prompt_tokens >= 0 and chunk.completion_tokens >= 0

@@ -136,6 +136,7 @@ def research_script(style: Style) -> list[Reply]:
                 "Also https://other.org/x."
             ),
             style=style,
+            delay=0.003,  # a model writes its answer over time
         ),
     ]
 

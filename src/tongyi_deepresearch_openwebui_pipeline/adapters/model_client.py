@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,50 +138,137 @@ def _config_error(settings: ModelSettings, status: int, detail: str) -> ModelErr
     return ModelError(redact(text, settings.api_key))
 
 
-def _delta_parts(delta: Mapping[str, Any]) -> tuple[str, str]:
-    """(reasoning, content) from one streamed delta, whatever the server style."""
-    reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
-    content = delta.get("content") or ""
-    return (
-        reasoning if isinstance(reasoning, str) else "",
-        content if isinstance(content, str) else "",
-    )
+def _count(value: Any) -> int:
+    valid = isinstance(value, int | float) and math.isfinite(value) and value >= 0
+    return int(value) if valid else 0
 
 
 def _usage(usage: Mapping[str, Any]) -> ModelUsage:
     cost = usage.get("cost")
     return ModelUsage(
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
         cost=float(cost) if isinstance(cost, int | float) else None,
     )
 
 
-async def _sse_payloads(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """JSON payloads of an SSE stream, up to ``data: [DONE]``.
+_SSL_CONTEXTS: dict[str, ssl.SSLContext] = {}
 
-    Comment lines and lines without a ``data:`` field are skipped, as the SSE
-    format says; a ``data:`` line that is not JSON means the stream is broken.
+
+async def shared_ssl_context() -> ssl.SSLContext:
+    """One TLS context per process, built off the event loop.
+
+    Building a context loads the CA bundle: tens of milliseconds idle and far
+    more under load, during which the event loop would stall. Every chat's
+    HTTP client reuses this one instead.
     """
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        if not data:
-            continue
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            raise _Transient("malformed stream data") from None
-        if isinstance(payload, dict):
+    context = _SSL_CONTEXTS.get("default")
+    if context is None:
+        context = await asyncio.to_thread(httpx.create_ssl_context)
+        _SSL_CONTEXTS["default"] = context
+    return context
+
+
+class SSEDecoder:
+    """Incremental decoder of ``data:`` payloads (httpx-style ``feed``/``flush``).
+
+    Network reads split lines anywhere, so ``feed`` keeps the unfinished last
+    line for the next call. Comment lines and lines without a ``data:`` field are
+    skipped, as the SSE format says; a ``data:`` line that is not JSON means the
+    stream is broken; ``data: [DONE]`` ends it.
+    """
+
+    def __init__(self) -> None:
+        """Start empty."""
+        self._partial = ""
+        self.done = False
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        """Payloads completed by ``text``."""
+        if self.done:
+            return []
+        text = self._partial + text
+        cut = max(text.rfind("\n"), text.rfind("\r"))
+        self._partial, complete = text[cut + 1 :], text[: cut + 1]
+        return self._payloads(complete.splitlines())
+
+    def flush(self) -> list[dict[str, Any]]:
+        """Payloads of a last line that had no line break."""
+        rest, self._partial = self._partial, ""
+        return self._payloads([rest]) if rest and not self.done else []
+
+    def _payloads(self, lines: list[str]) -> list[dict[str, Any]]:
+        payloads: list[dict[str, Any]] = []
+        decode = _JSON.raw_decode  # json.loads adds two frames per line
+        for line in lines:
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                self.done = True
+                break
+            if not data:
+                continue
+            try:
+                payload, end = decode(data)
+            except ValueError:
+                raise _Transient("malformed stream data") from None
+            if end != len(data):
+                raise _Transient("malformed stream data")
+            if type(payload) is not dict:
+                continue
             if payload.get("error"):
                 detail = payload["error"]
                 if isinstance(detail, dict):
                     detail = detail.get("message", "")
                 raise _Transient(f"server error in stream: {str(detail)[:200]}")
-            yield payload
+            payloads.append(payload)
+        return payloads
+
+
+_JSON = json.JSONDecoder()
+
+
+def chunks_of(payloads: list[dict[str, Any]]) -> list[ModelChunk]:
+    """Model chunks for the payloads of one network read.
+
+    All deltas of one read become ONE `ModelDelta`: a fast server sends many
+    tiny events per TCP segment, and handling them one by one would cost the
+    UI more time than the network took to deliver them.
+    """
+    chunks: list[ModelChunk] = []
+    tail: list[ModelChunk] = []
+    # A ModelDelta means "its reasoning, then its content"; a run is cut where
+    # reasoning follows content so the order of the two channels is kept.
+    reasoning, content = "", ""
+    for payload in payloads:
+        usage = payload.get("usage")
+        if usage and type(usage) is dict:
+            tail.append(_usage(usage))
+        choices = payload.get("choices")
+        if type(choices) is not list or not choices or type(choices[0]) is not dict:
+            continue
+        choice = choices[0]
+        delta = choice.get("delta")
+        if type(delta) is not dict:
+            delta = {}
+        # Kept inline: this runs once per streamed token.
+        thought = delta.get("reasoning_content") or delta.get("reasoning") or ""
+        text = delta.get("content") or ""
+        if type(thought) is not str:
+            thought = ""
+        if type(text) is not str:
+            text = ""
+        if thought and content:
+            chunks.append(ModelDelta(reasoning, content))
+            reasoning, content = "", ""
+        reasoning += thought
+        content += text
+        if choice.get("finish_reason"):
+            tail.append(ModelFinish(choice["finish_reason"]))
+    if reasoning or content:
+        chunks.append(ModelDelta(reasoning, content))
+    return chunks + tail
 
 
 class OpenAIModelClient:
@@ -266,6 +355,7 @@ class OpenAIModelClient:
         s = self.settings
         timeout = httpx.Timeout(s.timeout_seconds, connect=s.connect_timeout_seconds)
         received = finished = False
+        decoder = SSEDecoder()
         try:
             async with self._http.stream(
                 "POST",
@@ -276,18 +366,17 @@ class OpenAIModelClient:
             ) as response:
                 if response.status_code != 200:
                     await self._raise_for_status(response)
-                async for payload in _sse_payloads(response):
-                    usage = payload.get("usage")
-                    if isinstance(usage, dict):
-                        yield _usage(usage)
-                    for choice in (payload.get("choices") or [])[:1]:
-                        reasoning, content = _delta_parts(choice.get("delta") or {})
-                        if reasoning or content:
-                            received = True
-                            yield ModelDelta(reasoning, content)
-                        if choice.get("finish_reason"):
-                            finished = True
-                            yield ModelFinish(choice["finish_reason"])
+                async for text in response.aiter_text():
+                    for chunk in chunks_of(decoder.feed(text)):
+                        received = received or isinstance(chunk, ModelDelta)
+                        finished = finished or isinstance(chunk, ModelFinish)
+                        yield chunk
+                    if decoder.done:
+                        break
+                for chunk in chunks_of(decoder.flush()):
+                    received = received or isinstance(chunk, ModelDelta)
+                    finished = finished or isinstance(chunk, ModelFinish)
+                    yield chunk
         except httpx.TimeoutException:
             raise _Transient("timed out") from None
         except httpx.TransportError as error:

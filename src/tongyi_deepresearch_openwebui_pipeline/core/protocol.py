@@ -90,14 +90,21 @@ class Turn:
 
 
 def _partial_tag_suffix(buffer: str, tags: tuple[str, ...]) -> int:
-    """Length of the longest buffer suffix that is a proper prefix of a tag."""
-    longest = 0
-    for tag in tags:
-        for size in range(min(len(tag) - 1, len(buffer)), longest, -1):
-            if buffer.endswith(tag[:size]):
-                longest = size
-                break
-    return longest
+    """Length of the longest buffer suffix that is a proper prefix of a tag.
+
+    Every tag starts with ``<``, so only a ``<`` among the last few characters
+    can begin one; the earliest such ``<`` that still fits a tag wins.
+    """
+    position = buffer.find("<", max(0, len(buffer) - _LONGEST_TAG + 1))
+    while position >= 0:
+        tail = buffer[position:]
+        if any(len(tail) < len(tag) and tag.startswith(tail) for tag in tags):
+            return len(tail)
+        position = buffer.find("<", position + 1)
+    return 0
+
+
+_LONGEST_TAG = max(len(tag) for tags in _TAGS.values() for tag in tags)
 
 
 @dataclass

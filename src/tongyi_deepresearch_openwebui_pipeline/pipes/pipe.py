@@ -21,7 +21,12 @@ from pydantic import BaseModel, Field, field_validator
 
 from .. import __version__
 from ..adapters import secrets
-from ..adapters.model_client import ModelSettings, OpenAIModelClient, redact
+from ..adapters.model_client import (
+    ModelSettings,
+    OpenAIModelClient,
+    redact,
+    shared_ssl_context,
+)
 from ..adapters.openwebui.code import build_python_handler
 from ..adapters.openwebui.emitter import EventRelay, SafeEmitter
 from ..adapters.openwebui.files import (
@@ -367,7 +372,8 @@ class Pipe:
         )
         await emit.status("Starting research…")
         async with httpx.AsyncClient(
-            headers={"User-Agent": f"tongyi-deepresearch-openwebui/{__version__}"}
+            verify=await shared_ssl_context(),
+            headers={"User-Agent": f"tongyi-deepresearch-openwebui/{__version__}"},
         ) as http:
             model = OpenAIModelClient(_model_settings(valves, api_key), http)
             loop = ResearchLoop(state, model, toolbox, limits)

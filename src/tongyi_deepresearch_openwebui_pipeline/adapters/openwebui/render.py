@@ -142,7 +142,6 @@ class ChatRenderer:
         self.display = display
         self._in_think = False
         self._answer_started = False
-        self._answer_text: list[str] = []
         self._rewriter = CitationRewriter(ledger)
         self._round = 0
         self._max_rounds = 0
@@ -177,7 +176,6 @@ class ChatRenderer:
             if not text:
                 return prefix
             self._answer_started = True
-        self._answer_text.append(text)
         return prefix + self._rewriter.feed(text)
 
     def _prefix(self) -> str:
