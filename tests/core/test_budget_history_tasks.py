@@ -138,3 +138,28 @@ def test_emoji_and_unknown_tasks():
 def test_title_without_words():
     assert title_for("???") == "Deep research"
     assert title_for("研究 量子 计算") == "研究 量子 计算"
+
+
+def test_fast_estimate_matches_a_character_by_character_count():
+    def slow(text: str) -> int:
+        import math
+
+        ascii_chars = sum(c.isascii() for c in text)
+        wide = sum(
+            0x2E80 <= ord(c) <= 0x9FFF
+            or 0xAC00 <= ord(c) <= 0xD7AF
+            or 0xF900 <= ord(c) <= 0xFAFF
+            or 0x20000 <= ord(c) <= 0x2FFFF
+            for c in text
+        )
+        other = len(text) - ascii_chars - wide
+        return math.ceil(ascii_chars / 3.5 + wide + other * 0.6) if text else 0
+
+    for text in [
+        "",
+        "plain",
+        "café naïve",
+        "研究 と 한국어 𠀀",
+        "mixed 文字 ünï 🎉" * 50,
+    ]:
+        assert estimate_text_tokens(text) == slow(text)
