@@ -1,0 +1,79 @@
+"""Sources users can trust, in a real Open WebUI: stored sources and `[n]` markers."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.fakes.openai_server import Reply, answer, tool_call
+from tests.fakes.pages import PageSite, page_text_from_prompt
+
+from .conftest import OwuiSession
+from .owui import ScriptedModel, ui_chat
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_citations_index_the_pages_that_were_read(
+    owui: OwuiSession, model: ScriptedModel, page_site: PageSite
+) -> None:
+    html_url, pdf_url = page_site.url("/article"), page_site.url("/pdf")
+    never_read = "https://unread.example.org/claim"
+
+    def extract(prompt: str) -> Reply:
+        page = page_text_from_prompt(prompt)
+        name = "pdf" if "Photosynthesis" in page else "html"
+        evidence = f"Quoted evidence from the {name} page."
+        return Reply(
+            content=json.dumps(
+                {"rational": "r", "evidence": evidence, "summary": f"{name} summary"}
+            )
+        )
+
+    model.extractor = extract
+    model.conversation(
+        "cite",
+        Reply(
+            reasoning="Read both.",
+            content=tool_call(
+                "visit", {"url": [html_url, pdf_url], "goal": "facts to cite"}
+            ),
+        ),
+        Reply(
+            reasoning="Write it up.",
+            content=answer(
+                f"Plants make energy ([notes]({pdf_url})). Panels reach 22.8% "
+                f"(see {html_url}). Some say otherwise ({never_read})."
+            ),
+        ),
+    )
+
+    chat = await ui_chat(owui.api, "Please cite what you read.")
+    message = chat.message
+    content = message["content"]
+
+    # Both pages read are stored as sources, in the order they were read, each
+    # with the evidence the extractor quoted.
+    sources = message.get("sources") or []
+    urls = [s["metadata"][0]["source"] for s in sources]
+    assert urls == [html_url, pdf_url], owui.visit_setup_problem
+    assert sources[0]["document"] == ["Quoted evidence from the html page."]
+    assert sources[1]["document"] == ["Quoted evidence from the pdf page."]
+    assert len({s["source"]["name"] for s in sources}) == 2  # unique labels
+
+    # Each link's marker is the 1-based index of its source in that list.
+    for url, marker in re.findall(r"\(?(https?://[^\s)]+)\)?\)? \[(\d+)\]", content):
+        assert urls[int(marker) - 1] == url
+    assert f"[notes]({pdf_url}) [2]" in content
+    assert f"{html_url} [1]" in content
+    # The page never read is not a source and is visibly marked.
+    assert f"{never_read} *(unverified)*" in content
+    assert never_read not in urls
+    # The list of sources read and the summary close the answer.
+    assert f"1. [{sources[0]['source']['name']}]({html_url})" in content
+    assert (
+        "Research summary" in content
+        and "- Pages read: 2 (2 cited as sources)" in content
+    )
