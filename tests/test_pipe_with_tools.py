@@ -133,7 +133,10 @@ async def test_search_visit_answer_with_real_tools():
         if e["type"] == "status" and e["data"].get("action") == "web_search"
     ]
     assert searched and searched[0]["data"]["urls"] == [article]
-    assert "- Searches: 1" in text and "- Pages read: 1 (1 cited as sources)" in text
+    assert (
+        "- Searches: 1" in text
+        and "- Pages read: 1 of 1 requested (1 cited as sources)" in text
+    )
 
 
 HOSTILE = [
@@ -186,6 +189,7 @@ async def test_ssrf_through_the_pipe_sends_nothing(recording_network):
     assert all(r.count(failure) >= 1 for r in results)
     assert not [e for e in events if e["type"] == "source"]
     assert "Nothing could be read." in text
+    assert "- Pages read: 0 of 6 requested (0 cited as sources)" in text
 
 
 async def test_redirect_to_private_address_is_refused_at_the_hop(recording_network):

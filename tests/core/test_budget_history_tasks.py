@@ -163,3 +163,13 @@ def test_fast_estimate_matches_a_character_by_character_count():
         "mixed 文字 ünï 🎉" * 50,
     ]:
         assert estimate_text_tokens(text) == slow(text)
+
+
+def test_false_start_before_a_restart_is_not_sent_back():
+    from tongyi_deepresearch_openwebui_pipeline.core.history import RESTART_NOTE
+
+    content = (
+        "<think>\nplan\n</think>\n\nThe answer is forty-t"
+        f"\n\n{RESTART_NOTE}\n\n<think>\nagain\n</think>\n\nThe answer is 42."
+    )
+    assert clean_assistant_text(content) == "The answer is 42."

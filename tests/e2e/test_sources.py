@@ -75,5 +75,5 @@ async def test_citations_index_the_pages_that_were_read(
     assert f"1. [{sources[0]['source']['name']}]({html_url})" in content
     assert (
         "Research summary" in content
-        and "- Pages read: 2 (2 cited as sources)" in content
+        and "- Pages read: 2 of 2 requested (2 cited as sources)" in content
     )

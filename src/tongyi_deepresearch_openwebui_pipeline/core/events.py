@@ -194,7 +194,7 @@ class RunStats:
 
     rounds: int
     searches: int
-    pages_read: int
+    pages_requested: int
     tool_calls: int
     prompt_tokens: int
     completion_tokens: int
@@ -232,7 +232,7 @@ class Counters:
     """Mutable tallies kept by the loop (part of the run state)."""
 
     searches: int = 0
-    pages_read: int = 0
+    pages_requested: int = 0
     tool_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0

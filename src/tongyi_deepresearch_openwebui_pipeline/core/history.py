@@ -16,6 +16,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 IMAGE_OMITTED = "[An image was attached here; this model reads text only.]"
+#: Ends a cut-off answer when the model's reply is retried. Everything before
+#: it in the same message was a false start and is not sent back to the model.
+RESTART_NOTE = "> ⚠️ The connection to the model broke; its reply starts again below."
 
 _THINK = re.compile(
     r"<(think|thinking|reason|reasoning|thought)>.*?(</\1>|$)",
@@ -45,6 +48,7 @@ def strip_details(text: str) -> str:
 
 def clean_assistant_text(text: str) -> str:
     """An earlier assistant message without UI markup or thinking."""
+    text = text.rpartition(RESTART_NOTE)[2]
     text = strip_details(text)
     text = _THINK.sub("", text)
     text = re.sub(r"\n{3,}", "\n\n", text)

@@ -121,7 +121,7 @@ class RunState:
         return RunStats(
             rounds=self.round,
             searches=c.searches,
-            pages_read=c.pages_read,
+            pages_requested=c.pages_requested,
             tool_calls=c.tool_calls,
             prompt_tokens=c.prompt_tokens,
             completion_tokens=c.completion_tokens,
@@ -300,8 +300,9 @@ class ResearchLoop:
         counters.tool_calls += 1
         if call.name in ("search", "google_scholar"):
             counters.searches += len(call.arguments.get("query", []))
-        elif call.name == "visit" and outcome.ok:
-            counters.pages_read += len(call.arguments.get("url", []))
+        elif call.name == "visit":
+            # Which pages were actually read is known from their sources.
+            counters.pages_requested += len(call.arguments.get("url", []))
 
     # -- budgets --
     def _context_limit(self) -> int:

@@ -74,6 +74,8 @@ class SourceLedger:
         """Start empty."""
         self.sources: list[Source] = []
         self.search_urls: list[str] = []
+        #: Pages read successfully, re-reads included (sources are distinct).
+        self.reads = 0
         self._by_key: dict[str, Source] = {}
         self._titles: set[str] = set()
 
@@ -105,6 +107,7 @@ class SourceLedger:
         )
         if not url.startswith(("http://", "https://")):
             return None
+        self.reads += 1
         documents = data.get("document") or [""]
         evidence = str(documents[0]) if documents else ""
         aliases = {normalise_url(url)}

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel, Field, field_validator
@@ -71,6 +72,9 @@ def _http_url(value: str) -> str:
         raise ValueError(
             "must start with http:// or https:// (e.g. http://localhost:8000/v1)"
         )
+    if value and not urlsplit(value).hostname:
+        # "http://" alone would pass the prefix check and fail on every request.
+        raise ValueError("has no host name (e.g. http://localhost:8000/v1)")
     return value.rstrip("/")
 
 

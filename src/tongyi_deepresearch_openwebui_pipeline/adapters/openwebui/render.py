@@ -36,6 +36,7 @@ from ...core.events import (
     UsageUpdated,
     WrappingUp,
 )
+from ...core.history import RESTART_NOTE
 from ...core.sources import CitationRewriter, SourceLedger
 from .emitter import SafeEmitter
 
@@ -102,12 +103,13 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 
-def summary_block(stats: RunStats, reason: str, sources: int) -> str:
+def summary_block(stats: RunStats, reason: str, ledger: SourceLedger) -> str:
     """The collapsible research summary shown under the answer."""
     lines = [
         f"- Rounds: {stats.rounds}",
         f"- Searches: {stats.searches}",
-        f"- Pages read: {stats.pages_read} ({sources} cited as sources)",
+        f"- Pages read: {ledger.reads} of {stats.pages_requested} requested "
+        f"({len(ledger)} cited as sources)",
         f"- Tokens: {stats.prompt_tokens:,} in / {stats.completion_tokens:,} out",
     ]
     if stats.cost is not None:
@@ -178,6 +180,20 @@ class ChatRenderer:
             self._answer_started = True
         return prefix + self._rewriter.feed(text)
 
+    def _restart(self) -> str:
+        """The model's reply starts over (a retry): close what the broken one showed.
+
+        Text already yielded cannot be taken back, so a cut-off answer is ended
+        with a note and the retried reply starts on its own lines instead of
+        running on from the middle of a sentence.
+        """
+        out = self._close_think()
+        if self._answer_started:
+            out += self._rewriter.flush() + f"\n\n{RESTART_NOTE}\n\n"
+            self._answer_started = False
+            self._rewriter = CitationRewriter(self.ledger)
+        return out
+
     def _prefix(self) -> str:
         return f"Round {self._round}/{self._max_rounds}"
 
@@ -191,6 +207,8 @@ class ChatRenderer:
         return self._text_for(event)
 
     def _text_for(self, event: Event) -> str:
+        if isinstance(event, ModelRetrying):
+            return self._restart()
         if isinstance(event, ThinkingDelta):
             return self._think(event.text)
         if isinstance(event, AnswerDelta):
@@ -247,7 +265,7 @@ class ChatRenderer:
             out += "\n\n*(The model did not mark this as its final answer.)*\n"
         out += sources_list(self.ledger)
         if self.display.summary:
-            out += summary_block(event.stats, event.reason, len(self.ledger))
+            out += summary_block(event.stats, event.reason, self.ledger)
         usage = _tokens(
             event.stats.prompt_tokens, event.stats.completion_tokens, event.stats.cost
         )

@@ -1,0 +1,270 @@
+"""Stopping a chat at every stage leaves nothing behind.
+
+Open WebUI stops a chat by cancelling the task that consumes the pipe's
+generator. These tests do the same while the run waits on each outside party
+(the model streaming or not yet answering, a retry wait, the search engine, a
+web page, the extractor), then check that:
+
+- no task of the run is left (``asyncio.all_tasks()`` before and after);
+- every fake server sees its client leave: each holding route is released by
+  the client hanging up, not by the server stopping, and ``open_connections``
+  drops to 0 while the servers still run;
+- no handler thread outlives its server;
+- the same `Pipe` instance answers the next chat normally.
+
+The servers' holds end only when the client closes its socket
+(tests/fakes/client_watch.py), so a connection left open fails the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.fakes.client_watch import ClientWatch
+from tests.fakes.http import LocalServer
+from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
+from tests.fakes.pages import PageSite
+from tests.fakes.searxng import FakeSearXNG
+from tests.test_faults import (
+    QUESTION,
+    Router,
+    assert_ended,
+    chat,
+    real_tools_pipe,
+    search_tools,
+    visit_tools,
+    visit_turns,
+)
+from tongyi_deepresearch_openwebui_pipeline.pipes.pipe import Pipe
+from tongyi_deepresearch_openwebui_pipeline.tools import visit_tool
+
+#: Longest a stage may take to be reached, and a cancelled run to clean up.
+WAIT_SECONDS = 10.0
+NEXT_ANSWER = "The next chat works."
+
+
+@pytest.fixture(autouse=True)
+def _no_cached_pages() -> Iterator[None]:
+    visit_tool._PAGE_CACHE.clear()
+    yield
+    visit_tool._PAGE_CACHE.clear()
+
+
+def handler_threads() -> set[threading.Thread]:
+    """Threads currently running a LocalServer request handler."""
+    return {
+        thread
+        for thread in threading.enumerate()
+        if thread.name.endswith("(process_request_thread)") and thread.is_alive()
+    }
+
+
+@contextlib.contextmanager
+def no_handler_thread_survives() -> Iterator[None]:
+    """On exit (after the servers stopped), every new handler thread is gone."""
+    before = handler_threads()
+    yield
+    for _ in range(100):
+        if not handler_threads() - before:
+            break
+        threading.Event().wait(0.02)
+    assert handler_threads() - before == set()
+
+
+async def eventually(condition: Callable[[], bool], what: str) -> None:
+    """Wait (briefly, polling) until ``condition()`` holds."""
+    async with asyncio.timeout(WAIT_SECONDS):
+        while not condition():
+            await asyncio.sleep(0.01)
+    assert condition(), what
+
+
+class Run:
+    """One chat consumed in a task, as Open WebUI runs it, that can be stopped."""
+
+    def __init__(self, pipe: Pipe) -> None:
+        self.pipe = pipe
+        self.chunks: list[str] = []
+        self.events: list[dict[str, Any]] = []
+        self.before = asyncio.all_tasks()
+        self.task = asyncio.create_task(self._consume())
+
+    async def _consume(self) -> None:
+        async def emitter(event: dict[str, Any]) -> None:
+            self.events.append(event)
+
+        body = {"messages": QUESTION, "stream": True}
+        async for chunk in self.pipe.pipe(
+            body, __user__={"id": "u1"}, __event_emitter__=emitter, __chat_id__="c1"
+        ):
+            self.chunks.append(chunk)
+
+    async def stop_when(self, condition: Callable[[], bool], stage: str) -> None:
+        """Cancel the chat once ``condition()`` holds (the stage is reached)."""
+        await eventually(lambda: condition() or self.task.done(), stage)
+        assert not self.task.done(), f"the run ended before {stage}"
+        self.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await self.task
+
+        def leftover() -> set[asyncio.Task[Any]]:
+            return asyncio.all_tasks() - self.before - {asyncio.current_task()}
+
+        with contextlib.suppress(TimeoutError):
+            await eventually(lambda: not leftover(), "tasks to finish")
+        assert leftover() == set()
+
+
+async def assert_clients_left(
+    servers: list[LocalServer], watches: list[ClientWatch]
+) -> None:
+    """Every server is idle and every hold was ended by its client, not by stop."""
+    with contextlib.suppress(TimeoutError):
+        await eventually(
+            lambda: all(s.open_connections == 0 for s in servers), "connections"
+        )
+    assert [s.open_connections for s in servers] == [0] * len(servers)
+    for watch in watches:
+        assert watch.released_by, "the stage under test was never reached"
+        assert set(watch.released_by) == {"client left"}
+
+
+async def assert_next_chat_works(pipe: Pipe, fake: FakeOpenAI) -> None:
+    fake.respond_with(lambda _body: Reply(content=answer(NEXT_ANSWER)))
+    text, _, events = await chat(pipe)
+    assert NEXT_ANSWER in text
+    assert_ended(events)
+
+
+async def test_stop_while_the_model_streams_its_reply() -> None:
+    with no_handler_thread_survives(), FakeOpenAI() as fake:
+        long_answer = answer("word " * 2000)
+        fake.script(Reply(content=long_answer, chunk_size=2, delay=0.002))
+        pipe = real_tools_pipe(fake, {})
+        run = Run(pipe)
+        await run.stop_when(lambda: "word word" in "".join(run.chunks), "streaming")
+        await assert_clients_left([fake.server], [])
+        streamed = "".join(run.chunks).count("word")
+        assert 0 < streamed < 2000  # stopped in the middle
+        await assert_next_chat_works(pipe, fake)
+
+
+async def test_stop_while_the_model_has_not_answered_yet() -> None:
+    with no_handler_thread_survives(), FakeOpenAI() as fake:
+        watch = ClientWatch(fake.server)
+
+        def hold(_body: dict[str, Any]) -> Reply:
+            watch.hold()
+            return Reply(status=503)
+
+        fake.respond_with(hold)
+        pipe = real_tools_pipe(fake, {})
+        run = Run(pipe)
+        await run.stop_when(watch.arrived.is_set, "the model request")
+        await assert_clients_left([fake.server], [watch])
+        await assert_next_chat_works(pipe, fake)
+
+
+async def test_stop_while_waiting_to_retry_the_model() -> None:
+    with no_handler_thread_survives(), FakeOpenAI() as fake:
+        # A long Retry-After: the run sleeps in the model client's backoff.
+        fake.respond_with(lambda _b: Reply(status=429, headers={"Retry-After": "30"}))
+        pipe = real_tools_pipe(fake, {}, MAX_RETRIES=3)
+        run = Run(pipe)
+
+        def retrying() -> bool:
+            return any("retrying" in str(e["data"]) for e in run.events)
+
+        await run.stop_when(retrying, "the retry wait")
+        await assert_clients_left([fake.server], [])
+        assert len(fake.bodies) == 1
+        await assert_next_chat_works(pipe, fake)
+
+
+async def test_stop_while_the_search_engine_holds_the_query() -> None:
+    with no_handler_thread_survives(), FakeSearXNG() as engine, FakeOpenAI() as fake:
+        watch = ClientWatch(engine)
+        engine.routes["/search"] = watch.holding_route()
+        fake.respond_with(
+            Router([Reply(content=tool_call("search", {"query": ["plants"]}))])
+        )
+        pipe = real_tools_pipe(fake, search_tools(engine))
+        run = Run(pipe)
+        await run.stop_when(watch.arrived.is_set, "the search")
+        await assert_clients_left([engine, fake.server], [watch])
+        await assert_next_chat_works(pipe, fake)
+
+
+async def test_stop_while_a_page_is_being_read() -> None:
+    with no_handler_thread_survives(), PageSite() as site, FakeOpenAI() as fake:
+        watch = ClientWatch(site.server)
+        site.server.routes["/held"] = watch.holding_route()
+        router = Router(visit_turns(site.url("/held")))
+        fake.respond_with(router)
+        pipe = real_tools_pipe(fake, visit_tools(PAGE_TIMEOUT_SECONDS=60))
+        run = Run(pipe)
+        await run.stop_when(watch.arrived.is_set, "the page read")
+        await assert_clients_left([site.server, fake.server], [watch])
+        assert router.extractor_bodies == []
+        await assert_next_chat_works(pipe, fake)
+
+
+async def test_stop_while_the_extractor_holds_the_page() -> None:
+    with no_handler_thread_survives(), PageSite() as site, FakeOpenAI() as fake:
+        watch = ClientWatch(fake.server)
+
+        def held_extractor(_body: dict[str, Any]) -> Reply:
+            watch.hold()
+            return Reply(status=503)
+
+        router = Router(visit_turns(site.url("/article")), extractor=held_extractor)
+        fake.respond_with(router)
+        pipe = real_tools_pipe(fake, visit_tools())
+        run = Run(pipe)
+        await run.stop_when(watch.arrived.is_set, "the extraction")
+        await assert_clients_left([site.server, fake.server], [watch])
+        assert len(router.extractor_bodies) == 1
+        await assert_next_chat_works(pipe, fake)
+
+
+async def test_stop_while_several_pages_and_searches_are_in_flight() -> None:
+    servers = (FakeSearXNG(), PageSite(), FakeOpenAI())
+    engine, site, fake = servers
+    with no_handler_thread_survives(), engine, site, fake:
+        engine_watch, site_watch = ClientWatch(engine), ClientWatch(site.server)
+        engine.routes["/search"] = engine_watch.holding_route()
+        site.server.routes["/held"] = site_watch.holding_route()
+        pages = [site.url(f"/held/{n}") for n in range(3)]
+        fake.respond_with(
+            Router(
+                [
+                    Reply(
+                        content=tool_call("search", {"query": ["a", "b"]})
+                        + "\n"
+                        + tool_call("visit", {"url": pages, "goal": "g"})
+                    )
+                ]
+            )
+        )
+        classes = {
+            "search": search_tools(engine)["search"],
+            "visit": visit_tools(PAGE_TIMEOUT_SECONDS=60)["visit"],
+        }
+        pipe = real_tools_pipe(fake, classes)
+        run = Run(pipe)
+        await run.stop_when(
+            lambda: engine_watch.holding == 2 and site_watch.holding == 3,
+            "two searches and three pages",
+        )
+        await assert_clients_left(
+            [engine, site.server, fake.server], [engine_watch, site_watch]
+        )
+        assert len(engine_watch.released_by) == 2
+        assert len(site_watch.released_by) == 3
+        await assert_next_chat_works(pipe, fake)
