@@ -391,3 +391,36 @@ async def test_pipes_lists_one_model_cheaply():
 def test_wrong_valve_values_get_a_clear_message(valves, message):
     with pytest.raises(ValueError, match=message):
         Pipe.Valves(**valves)
+
+
+async def test_emits_never_overlap():
+    # Open WebUI persists sources with a read-modify-write; overlapping emits
+    # (pages read in parallel) lose updates, so the pipe serialises them.
+    active = 0
+    overlaps = 0
+    seen: list[dict[str, Any]] = []
+
+    async def slow_emitter(event: dict[str, Any]) -> None:
+        nonlocal active, overlaps
+        active += 1
+        overlaps += active > 1
+        await asyncio.sleep(0.005)
+        seen.append(event)
+        active -= 1
+
+    with FakeOpenAI() as fake:
+        fake.script(
+            Reply(
+                content=tool_call(
+                    "visit", {"url": ["https://a.org", "https://b.org"], "goal": "g"}
+                )
+                + tool_call(
+                    "visit", {"url": ["https://c.org", "https://d.org"], "goal": "g"}
+                )
+            ),
+            Reply(content=answer("done")),
+        )
+        pipe = make_pipe(fake)
+        await drive(pipe, QUESTION, __event_emitter__=slow_emitter)
+    assert overlaps == 0
+    assert len([e for e in seen if e["type"] == "source"]) == 4

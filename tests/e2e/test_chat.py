@@ -69,10 +69,12 @@ async def test_streamed_chat_shows_reasoning_tool_card_and_answer(
                 "search",
                 {"query": ["solar panel efficiency 2024", "perovskite tandem record"]},
             ),
+            delay=0.005,  # a model writes over time; the stream must show it live
         ),
         Reply(
             reasoning="The first result answers the question.",
             content=answer("Modern solar panels reach about 22.8% efficiency."),
+            delay=0.005,
         ),
     )
 

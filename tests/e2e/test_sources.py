@@ -54,25 +54,27 @@ async def test_citations_index_the_pages_that_were_read(
     message = chat.message
     content = message["content"]
 
-    # Both pages read are stored as sources, in the order they were read, each
-    # with the evidence the extractor quoted.
+    # Both pages read are stored as sources, numbered in the order they were
+    # read (the two reads run concurrently), each with the evidence quoted.
     sources = message.get("sources") or []
     urls = [s["metadata"][0]["source"] for s in sources]
-    assert urls == [html_url, pdf_url], owui.visit_setup_problem
-    assert sources[0]["document"] == ["Quoted evidence from the html page."]
-    assert sources[1]["document"] == ["Quoted evidence from the pdf page."]
+    assert sorted(urls) == sorted([html_url, pdf_url]), owui.visit_setup_problem
+    evidence = {s["metadata"][0]["source"]: s["document"] for s in sources}
+    assert evidence[html_url] == ["Quoted evidence from the html page."]
+    assert evidence[pdf_url] == ["Quoted evidence from the pdf page."]
     assert len({s["source"]["name"] for s in sources}) == 2  # unique labels
+    html_n, pdf_n = urls.index(html_url) + 1, urls.index(pdf_url) + 1
 
     # Each link's marker is the 1-based index of its source in that list.
     for url, marker in re.findall(r"\(?(https?://[^\s)]+)\)?\)? \[(\d+)\]", content):
         assert urls[int(marker) - 1] == url
-    assert f"[notes]({pdf_url}) [2]" in content
-    assert f"{html_url} [1]" in content
+    assert f"[notes]({pdf_url}) [{pdf_n}]" in content
+    assert f"{html_url} [{html_n}]" in content
     # The page never read is not a source and is visibly marked.
     assert f"{never_read} *(unverified)*" in content
     assert never_read not in urls
     # The list of sources read and the summary close the answer.
-    assert f"1. [{sources[0]['source']['name']}]({html_url})" in content
+    assert f"{html_n}. [{sources[html_n - 1]['source']['name']}]({html_url})" in content
     assert (
         "Research summary" in content
         and "- Pages read: 2 of 2 requested (2 cited as sources)" in content

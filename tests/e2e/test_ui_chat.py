@@ -37,10 +37,12 @@ async def test_ui_chat_is_saved_with_reasoning_tool_card_and_answer(
         Reply(
             reasoning="Let me check why three blades are used.",
             content=tool_call("search", {"query": ["wind turbine three blades"]}),
+            delay=0.005,  # a model writes over time; the UI must show it live
         ),
         Reply(
             reasoning="The result explains it.",
             content=answer("Three blades balance efficiency, cost and stability."),
+            delay=0.005,
         ),
     )
 

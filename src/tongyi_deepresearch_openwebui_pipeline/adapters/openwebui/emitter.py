@@ -9,6 +9,7 @@ their searches found, so the pipe can number citations and list sources.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,6 +28,10 @@ class SafeEmitter:
         """Wrap ``emitter`` (``None`` makes every emit a no-op)."""
         self._emitter = emitter
         self._warned = False
+        # Open WebUI saves some events (sources, statuses) with a read-modify-
+        # write of the chat message: two emits at once (two pages read in
+        # parallel) would lose one. Emits therefore go out one at a time.
+        self._lock = asyncio.Lock()
 
     @property
     def connected(self) -> bool:
@@ -38,7 +43,8 @@ class SafeEmitter:
         if self._emitter is None:
             return
         try:
-            await self._emitter(event)
+            async with self._lock:
+                await self._emitter(event)
         except Exception as error:
             if not self._warned:
                 log.warning("event emitter failed: %s", type(error).__name__)
