@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,21 +177,25 @@ def _innermost_own_frame(frame: FrameType) -> str:
 
 @contextmanager
 def timed_conversions(windows: list[tuple[float, float]]) -> Iterator[None]:
-    """Record when the visit tool's page conversion runs (instrumentation only)."""
-    original: Callable[..., Any] = visit_tool._convert
+    """Record when the visit tool's page conversion runs (instrumentation only).
 
-    def convert(*args: Any, **kwargs: Any) -> Any:
+    `_convert_page` is the tool's one entry to conversion: a child process for
+    PDFs and big HTML, a worker thread for the rest.
+    """
+    original: Callable[..., Awaitable[Any]] = visit_tool._convert_page
+
+    async def convert(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
-            return original(*args, **kwargs)
+            return await original(*args, **kwargs)
         finally:
             windows.append((started, time.perf_counter()))
 
-    visit_tool._convert = convert
+    visit_tool._convert_page = convert
     try:
         yield
     finally:
-        visit_tool._convert = original
+        visit_tool._convert_page = original
 
 
 async def _idle_lag(seconds: float) -> float:

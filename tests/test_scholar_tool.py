@@ -6,6 +6,9 @@ reference format (tongyi-protocol.md §3 "google_scholar").
 
 from __future__ import annotations
 
+import asyncio
+import ssl
+import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from typing import Any
@@ -634,3 +637,44 @@ async def test_error_status_and_failing_emitter(apis: FakeScholarly) -> None:
         raise RuntimeError("socket closed")
 
     assert await tool_for(apis).google_scholar(["q"], __event_emitter__=broken) == text
+
+
+# --- no per-call blocking work ---------------------------------------------------
+
+
+async def test_calls_share_one_tls_context(
+    apis: FakeScholarly, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await tool_for(apis).google_scholar(["warm up"])
+    built: list[str] = []
+    real = ssl.create_default_context
+
+    def counting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        built.append("context")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counting)
+    for number in range(3):
+        text = await tool_for(apis).google_scholar([f"q{number}"])
+        assert text == NO_RESULTS.format(f"q{number}")
+    assert built == []  # loading CA certificates is slow blocking work
+    (context,) = scholar_tool._SSL_CONTEXTS
+    assert context.verify_mode == ssl.CERT_REQUIRED
+    assert context.check_hostname is True
+
+
+async def test_the_tls_context_is_built_off_the_event_loop(
+    apis: FakeScholarly, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[threading.Thread] = []
+    real = scholar_tool.httpx.create_ssl_context
+
+    def spy(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        threads.append(threading.current_thread())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(scholar_tool, "_SSL_CONTEXTS", [])
+    monkeypatch.setattr(scholar_tool.httpx, "create_ssl_context", spy)
+    await asyncio.gather(*(tool_for(apis).google_scholar(["q"]) for _ in range(3)))
+    assert len(threads) == 1  # built once, even by calls that start together
+    assert threads[0] is not threading.main_thread()

@@ -6,6 +6,7 @@ Golden strings follow the reference formats (tongyi-protocol.md §3 "search").
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -716,3 +717,44 @@ async def test_app_config_raising_key_error_and_old_names(
     text = await Tools().search(["q"], __request__=standin.request)
     assert text == NO_RESULTS.format("q")
     assert standin.calls[0]["engine"] == "searxng"
+
+
+# --- no per-call blocking work ---------------------------------------------------
+
+
+async def test_calls_share_one_tls_context(
+    searxng: FakeSearXNG, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await direct_tool(searxng).search(["warm up"])
+    built: list[str] = []
+    real = ssl.create_default_context
+
+    def counting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        built.append("context")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counting)
+    for number in range(3):
+        text = await direct_tool(searxng).search([f"q{number}", "other"])
+        assert text.startswith(NO_RESULTS.format(f"q{number}"))
+    assert built == []  # loading CA certificates is slow blocking work
+    (context,) = search_tool._SSL_CONTEXTS
+    assert context.verify_mode == ssl.CERT_REQUIRED
+    assert context.check_hostname is True
+
+
+async def test_the_tls_context_is_built_off_the_event_loop(
+    searxng: FakeSearXNG, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[threading.Thread] = []
+    real = search_tool.httpx.create_ssl_context
+
+    def spy(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        threads.append(threading.current_thread())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(search_tool, "_SSL_CONTEXTS", [])
+    monkeypatch.setattr(search_tool.httpx, "create_ssl_context", spy)
+    await asyncio.gather(*(direct_tool(searxng).search(["q"]) for _ in range(3)))
+    assert len(threads) == 1  # built once, even by calls that start together
+    assert threads[0] is not threading.main_thread()

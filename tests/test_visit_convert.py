@@ -191,6 +191,39 @@ def test_budget_counts_cjk_as_one_token_each() -> None:
     assert vt._estimate_tokens(mixed) > 990
 
 
+@pytest.mark.parametrize(
+    ("text", "kept", "cut"),
+    [
+        ("a" * 4000, 4000, False),  # exactly the budget: 4 characters a token
+        ("a" * 4001, 4000, True),
+        ("中" + "a" * 3996, 3997, False),  # 1 + 999 tokens
+        ("中" + "a" * 3997, 3997, True),
+        ("中" * 1001, 1000, True),  # short, but over the budget
+        ("a" * 3000 + "中" * 300 + "a" * 10, 3000 + 250, True),
+    ],
+)
+def test_budget_edges(text: str, kept: int, cut: bool) -> None:
+    fitted, was_cut = vt._fit_budget(text, 1000)
+    assert (len(fitted), was_cut) == (kept, cut)
+    assert fitted == text[:kept]
+
+
+def test_budget_of_a_huge_text_only_reads_its_beginning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[int] = []
+    original = vt._estimate_tokens
+
+    def spy(text: str) -> float:
+        seen.append(len(text))
+        return original(text)
+
+    monkeypatch.setattr(vt, "_estimate_tokens", spy)
+    text, cut = vt._fit_budget("abcd" * 2_500_000, 1000)  # 10 MB of text
+    assert (len(text), cut) == (4000, True)
+    assert max(seen) <= 4096  # never a regex pass over the whole text
+
+
 def test_fitted_appends_the_note_once() -> None:
     page = vt._Page("u", "t", "x" * 10_000)
     fitted = vt._fitted(page, 1000)

@@ -13,6 +13,7 @@ import asyncio
 import json
 import sys
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -185,10 +186,21 @@ async def test_unreadable_pages_fail_with_a_clear_reason(
     assert events.sources() == []
 
 
+@pytest.mark.parametrize("where", ["child process", "worker thread"])
 async def test_pypdf_missing_gives_a_clear_message(
-    site: Any, extractor: Any, monkeypatch: pytest.MonkeyPatch
+    site: Any,
+    extractor: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    where: str,
 ) -> None:
+    # pypdf absent for this process AND for a converter process, which imports
+    # from the server's sys.path: a stand-in module there fails to import.
     monkeypatch.setitem(sys.modules, "pypdf", None)
+    (tmp_path / "pypdf.py").write_text("raise ImportError('no pypdf here')\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    if where == "worker thread":
+        monkeypatch.setattr(vt._CONVERTER, "program", "")
     events = Events()
     result = await make_tool(extractor).visit(
         url=site.url("/pdf"), goal="g", __event_emitter__=events
@@ -498,3 +510,34 @@ async def test_url_timeout_covers_the_whole_visit(
     )
     assert is_failure(result)
     assert "timed out" in events.descriptions()
+
+
+# -- big bodies ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cap", [10**8, 2_000_000, 999_999])
+async def test_big_bodies_are_read_exactly(site: Any, cap: int) -> None:
+    expected = site.huge_body
+    client = vt._http_client(await vt._ssl_context(True), 30.0)
+    async with client, client.stream("GET", site.url("/huge")) as response:
+        body, cut = await vt._read_capped(response, cap)
+    assert (body, cut) == (expected[:cap], cap < len(expected))
+
+
+async def test_joining_megabytes_runs_in_a_worker_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    threads: list[threading.Thread] = []
+    real_join = bytes.join
+
+    def join(chunks: list[bytes]) -> bytes:
+        threads.append(threading.current_thread())
+        return real_join(b"", chunks)
+
+    monkeypatch.setattr(vt, "_join_bytes", join)
+    chunks = [bytes([n]) * 65536 for n in range(20)]  # 1.3 MB
+    assert await vt._joined(chunks) == b"".join(chunks)
+    assert await vt._joined(chunks[:2]) == b"".join(chunks[:2])
+    assert len(threads) == 2
+    assert threads[0] is not threading.main_thread()  # the big one
+    assert threads[1] is threading.main_thread()  # 128 kB: not worth a thread

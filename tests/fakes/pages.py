@@ -12,21 +12,27 @@ sends nothing anywhere else.
 
 `load_visit_tool()` loads the tool module by file path, the way Open WebUI
 does, without importing the package.
+
+`TlsPageSite` serves the same pages over HTTPS with a certificate from
+`make_certificates` (a throw-away CA), recording the server name (SNI) of every
+TLS handshake.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import gzip
 import importlib.util
 import socket
+import ssl
 import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -185,6 +191,9 @@ class PageSite:
             ["Photosynthesis converts light into chemical energy.", "Page two."],
             title="Plant Biology Notes",
         )
+        paragraph = "<p>" + "Lorem ipsum dolor sit amet, consectetur. " * 20 + "</p>\n"
+        huge = "<html><head><title>Huge</title></head><body>" + paragraph * 4000
+        self.huge_body = huge.encode()  # 3.3 MB
         self.hold_barrier = threading.Barrier(hold_count, timeout=10)
         self.active = 0
         self.max_active = 0
@@ -270,9 +279,7 @@ class PageSite:
         return routes
 
     def _huge(self, _request: Request) -> Response:
-        paragraph = "<p>" + "Lorem ipsum dolor sit amet, consectetur. " * 20 + "</p>\n"
-        body = "<html><head><title>Huge</title></head><body>" + paragraph * 4000
-        return Response(200, {"Content-Type": "text/html"}, body.encode())
+        return Response(200, {"Content-Type": "text/html"}, self.huge_body)
 
     def _slow(self, _request: Request) -> Response:
         self.server.wait_forever()
@@ -326,7 +333,7 @@ class PageSite:
         """How many requests reached `path`."""
         return sum(1 for request in self.server.requests if request.path == path)
 
-    def __enter__(self) -> PageSite:
+    def __enter__(self) -> Self:
         """Start on entry."""
         self.server.start()
         return self
@@ -399,3 +406,100 @@ class FakeResolver:
         if host not in self.table:
             raise OSError(f"test resolver: unknown host {host}")
         return list(self.table[host])
+
+
+# -- TLS ---------------------------------------------------------------------------
+
+
+def make_certificates(directory: Path, host: str) -> tuple[Path, Path, Path]:
+    """A throw-away CA and a server certificate for `host`: (ca, cert, key) files.
+
+    Needs the `cryptography` package (a dev dependency).
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Visit Test CA")])
+    ca_usage = x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=True,
+        crl_sign=True,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(ca_usage, critical=True)
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = (directory / "ca.pem", directory / "cert.pem", directory / "key.pem")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
+class TlsPageSite(PageSite):
+    """`PageSite` over HTTPS; `server_names` records the SNI of every handshake."""
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        """Serve the site's pages with this certificate and key."""
+        super().__init__()
+        self.server_names: list[str | None] = []
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        context.sni_callback = self._record_sni
+        httpd = self.server._httpd  # wrap the listening socket before serving
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+
+    def _record_sni(
+        self, _socket: ssl.SSLObject, name: str | None, _context: ssl.SSLContext
+    ) -> None:
+        self.server_names.append(name)

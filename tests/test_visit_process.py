@@ -1,0 +1,367 @@
+"""Big documents are converted in a child process, never on the event loop.
+
+The child runs the convert section of visit_tool.py, copied from the file while
+the module is imported. These tests check that it gives exactly what the
+in-thread conversion gives, that it needs neither the package nor the file
+afterwards (Open WebUI deletes it), and that a child that cannot start, breaks,
+is killed, hangs or is cancelled never leaves a process behind nor hides a page:
+each case either falls back to the thread or reports a clear reason.
+
+Child processes are counted in /proc (Linux), zombies included.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import builtins
+import dis
+import importlib.util
+import os
+import sys
+import threading
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.pages import (
+    ARTICLE_HTML,
+    PNG_BYTES,
+    VISIT_TOOL_PATH,
+    PageSite,
+    load_visit_tool,
+    make_pdf,
+)
+
+vt = load_visit_tool("visit_tool_process_tests")
+
+HUNG = "import time\ntime.sleep(120)\n"
+KILLED = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
+BROKEN = "import sys\nsys.exit(3)\n"
+GARBLED = "print('this is not the converter')\n"
+
+PDF = make_pdf(
+    ["First (page) text.", "Second page: Ünïcode ✓ and 日本語."], title="Doc Title"
+)
+# Big enough to cut at the token budget used below, small enough to be quick.
+LONG_HTML = (
+    "<html><head><title>Long</title></head><body>"
+    + "<p>Lorem ipsum <a href='/x'>dolor</a> sit amet.</p>\n" * 3000
+    + "</body></html>"
+)
+DOCUMENTS = {
+    "article": vt._RawPage("https://s.example/a", ARTICLE_HTML.encode(), "text/html"),
+    "pdf": vt._RawPage("https://s.example/d.pdf", PDF, "application/pdf"),
+    "long html, cut": vt._RawPage(
+        "https://s.example/l", LONG_HTML.encode(), "text/html", redirects=["r"]
+    ),
+    "download cut": vt._RawPage(
+        "https://s.example/t", b"<p>partial page</p>", "text/html", truncated=True
+    ),
+    "plain text": vt._RawPage("https://s.example/t", "naïve ✓".encode(), "text/plain"),
+}
+
+needs_proc = pytest.mark.skipif(
+    not Path("/proc/self/stat").exists(), reason="counts processes in /proc"
+)
+
+
+def child_pids() -> set[int]:
+    """Every process whose parent is this one (zombies too)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # it exited meanwhile
+            continue
+        state_and_parent = stat.rsplit(")", 1)[1].split()
+        if int(state_and_parent[1]) == os.getpid():
+            found.add(int(entry))
+    return found
+
+
+async def wait_for_children(count: int, before: set[int]) -> set[int]:
+    """Wait (bounded) until `count` new child processes exist."""
+    for _ in range(500):
+        new = child_pids() - before
+        if len(new) >= count:
+            return new
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{count} child process(es) never started")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(vt._CONVERTER, "failures", 0)
+    vt._PAGE_CACHE.clear()
+    yield
+    vt._PAGE_CACHE.clear()
+
+
+@pytest.fixture
+def child_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records the final URL of every conversion handed to a child."""
+    runs: list[str] = []
+    original = vt._convert_in_child
+
+    async def spy(raw: Any, max_tokens: int) -> Any:
+        runs.append(raw.final_url)
+        return await original(raw, max_tokens)
+
+    monkeypatch.setattr(vt, "_convert_in_child", spy)
+    return runs
+
+
+# -- the child gives exactly what the thread gives -----------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTS))
+async def test_child_result_equals_the_in_thread_conversion(name: str) -> None:
+    raw = DOCUMENTS[name]
+    expected = vt._convert(raw, 2000)
+    page = await vt._convert_in_child(raw, 2000)
+    assert page == expected
+    assert vt._CONVERTER.failures == 0
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (vt._RawPage("u", PNG_BYTES, "text/html"), "the URL points to a PNG image"),
+        (vt._RawPage("u", make_pdf([""]), "application/pdf"), "no extractable text"),
+        (vt._RawPage("u", b"%PDF-1.4 junk", "application/pdf"), "could not be read"),
+        (vt._RawPage("u", b"<p> </p>", "text/html"), "no readable text"),
+    ],
+)
+async def test_child_page_errors_are_the_same_page_errors(
+    raw: Any, reason: str
+) -> None:
+    with pytest.raises(vt._PageError) as in_thread:
+        vt._convert(raw, 1000)
+    with pytest.raises(vt._PageError, match=reason) as in_child:
+        await vt._convert_in_child(raw, 1000)
+    assert str(in_child.value) == str(in_thread.value)
+    assert vt._CONVERTER.failures == 0  # a bad page is not a broken child
+
+
+def test_the_child_program_is_the_convert_section_alone() -> None:
+    program = vt._CONVERTER.program
+    compile(program, "converter", "exec")
+    assert "def _converter_main" in program
+    assert "def _convert(" in program
+    for outside in ("import httpx", "pydantic", "class Tools", "_check_url"):
+        assert outside not in program
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """Names a code object (and the code inside it) looks up as globals."""
+    names = {
+        op.argval
+        for op in dis.get_instructions(code)
+        if op.opname in ("LOAD_GLOBAL", "LOAD_NAME")
+    }
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def test_the_child_program_defines_every_name_it_uses() -> None:
+    # Catches a convert-section edit that uses a name from outside the section
+    # (an import at the top of the file, a helper of another section) on any
+    # path, not only the paths the documents above happen to take.
+    program = vt._CONVERTER.program
+    tree = ast.parse(program)
+    defined = set(dir(builtins)) | {"__annotations__"}  # module-level
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            defined.add(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    used = _global_names(compile(program, "converter", "exec"))
+    assert used - defined == set()
+
+
+# -- which documents go to a child ---------------------------------------------------
+
+
+async def test_pdfs_and_big_html_go_to_a_child_small_pages_to_a_thread(
+    child_runs: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vt, "_PROCESS_MIN_BYTES", len(LONG_HTML) - 1)
+    big = DOCUMENTS["long html, cut"]
+    for raw in (DOCUMENTS["pdf"], big, DOCUMENTS["article"], DOCUMENTS["plain text"]):
+        assert await vt._convert_page(raw, 2000) == vt._convert(raw, 2000)
+    assert child_runs == [DOCUMENTS["pdf"].final_url, big.final_url]
+
+
+async def test_a_pdf_cut_by_the_download_limit_needs_no_child(
+    child_runs: list[str],
+) -> None:
+    raw = vt._RawPage("https://s.example/c.pdf", PDF, "application/pdf", True)
+    with pytest.raises(vt._PageError, match="larger than the download limit"):
+        await vt._convert_page(raw, 1000)
+    assert child_runs == []
+
+
+async def test_the_tool_reads_a_pdf_through_a_child(child_runs: list[str]) -> None:
+    with PageSite() as site, FakeOpenAI() as extractor:
+        tool = vt.Tools()
+        tool.valves = tool.Valves(ALLOW_PRIVATE_URLS=True)
+        result = await tool.visit(url=[site.url("/pdf")], goal="g")
+        assert extractor.requests == []  # no extractor configured: an excerpt
+    assert "--- Page 1 ---\nPhotosynthesis converts light" in result
+    assert child_runs == [site.url("/pdf")]
+
+
+# -- when the child cannot do it ----------------------------------------------------
+
+
+async def test_no_python_to_start_falls_back_to_a_thread(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    raw = DOCUMENTS["pdf"]
+    assert await vt._convert_in_child(raw, 2000) is None
+    assert await vt._convert_page(raw, 2000) == vt._convert(raw, 2000)
+    assert vt._CONVERTER.failures == 0  # may be passing: try again next time
+
+
+@pytest.mark.parametrize("program", [BROKEN, GARBLED])
+async def test_a_broken_child_falls_back_then_stops_being_tried(
+    program: str, monkeypatch: pytest.MonkeyPatch, child_runs: list[str]
+) -> None:
+    monkeypatch.setattr(vt._CONVERTER, "program", program)
+    raw = DOCUMENTS["pdf"]
+    expected = vt._convert(raw, 2000)
+    for _ in range(vt._MAX_CHILD_FAILURES + 2):
+        assert await vt._convert_page(raw, 2000) == expected
+    assert len(child_runs) == vt._MAX_CHILD_FAILURES
+
+
+async def test_a_killed_child_is_reported_not_retried_in_the_server(
+    monkeypatch: pytest.MonkeyPatch, child_runs: list[str]
+) -> None:
+    monkeypatch.setattr(vt._CONVERTER, "program", KILLED)
+    threads: list[str] = []
+    monkeypatch.setattr(vt, "_convert", lambda *args: threads.append("ran"))
+    with pytest.raises(vt._PageError, match="its converter was stopped"):
+        await vt._convert_page(DOCUMENTS["pdf"], 2000)
+    assert threads == []
+    assert len(child_runs) == 1
+
+
+async def test_a_module_without_a_file_converts_in_threads() -> None:
+    namespace: dict[str, Any] = {"__name__": "visit_without_file"}
+    source = VISIT_TOOL_PATH.read_text(encoding="utf-8")
+    code = compile(source, "<tool>", "exec", dont_inherit=True)  # no __future__
+    exec(code, namespace)  # noqa: S102  (how some loaders run a tool)
+    assert namespace["_CONVERTER"].program == ""
+    raw = DOCUMENTS["pdf"]
+    expected = vt._convert(raw, 2000)
+    page = await namespace["_convert_page"](raw, 2000)
+    assert (page.title, page.text) == (expected.title, expected.text)
+
+
+async def test_the_child_works_after_the_tool_file_is_deleted(tmp_path: Path) -> None:
+    # Open WebUI writes the tool to a temporary file, executes it, deletes it.
+    path = tmp_path / "tool_deepresearch_visit.py"
+    path.write_bytes(VISIT_TOOL_PATH.read_bytes())
+    spec = importlib.util.spec_from_file_location("visit_from_temp_file", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path.unlink()
+    raw = DOCUMENTS["pdf"]
+    expected = vt._convert(raw, 2000)
+    page = await module._convert_in_child(raw, 2000)
+    assert page is not None
+    assert (page.title, page.text) == (expected.title, expected.text)
+
+
+# -- no process is ever left behind --------------------------------------------------
+
+
+@needs_proc
+async def test_a_hung_child_is_killed_at_the_page_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(vt._CONVERTER, "program", HUNG)
+    before = child_pids()
+    statuses: list[str] = []
+
+    async def emitter(event: dict) -> None:
+        statuses.append(event["data"].get("description", ""))
+
+    with PageSite() as site:
+        tool = vt.Tools()
+        tool.valves = tool.Valves(ALLOW_PRIVATE_URLS=True, PAGE_TIMEOUT_SECONDS=1.5)
+        result = await tool.visit(
+            url=[site.url("/pdf")], goal="g", __event_emitter__=emitter
+        )
+    assert vt.FAILURE_EVIDENCE in result
+    assert f"Could not read {site.url('/pdf')}: timed out" in statuses
+    assert child_pids() - before == set()
+
+
+@needs_proc
+async def test_cancelling_a_conversion_kills_and_reaps_the_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(vt._CONVERTER, "program", HUNG)
+    before = child_pids()
+    task = asyncio.create_task(vt._convert_page(DOCUMENTS["pdf"], 2000))
+    await wait_for_children(1, before)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert child_pids() - before == set()
+
+
+@needs_proc
+async def test_children_at_once_are_limited_per_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(vt._CONVERTER, "program", HUNG)
+    monkeypatch.setattr(vt._CONVERTER, "max_children", 2)
+    monkeypatch.setattr(vt._CONVERTER, "slots", type(vt._CONVERTER.slots)())
+    before = child_pids()
+    tasks = [
+        asyncio.create_task(vt._convert_page(DOCUMENTS["pdf"], 2000)) for _ in range(4)
+    ]
+    await wait_for_children(2, before)
+    await asyncio.sleep(0.3)  # room for a third child, were there no limit
+    running = child_pids() - before
+    waiting = [task for task in tasks if not task.done()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert len(running) == 2
+    assert len(waiting) == 4
+    assert child_pids() - before == set()
+
+
+def test_the_conversion_never_runs_on_the_event_loop_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With the child unavailable, the fallback still runs in a worker thread.
+    monkeypatch.setattr(vt._CONVERTER, "program", "")
+    threads: list[threading.Thread] = []
+    original = vt._convert
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.current_thread())
+        return original(*args)
+
+    monkeypatch.setattr(vt, "_convert", spy)
+    asyncio.run(vt._convert_page(DOCUMENTS["pdf"], 2000))
+    assert threads
+    assert threads[0] is not threading.main_thread()
