@@ -73,7 +73,7 @@ def render(readme: str) -> str:
 
 def main() -> int:
     """Entry point."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
@@ -92,7 +92,10 @@ def main() -> int:
         README.write_text(updated, encoding="utf-8")
         return 0
     if updated != current:
-        print("README.md valve tables are out of date: run python scripts/valves_doc.py --write")
+        print(
+            "README.md valve tables are out of date: "
+            "run python scripts/valves_doc.py --write"
+        )
         return 1
     return 0
 

@@ -128,6 +128,8 @@ def hermetic_env(data_dir: Path, extra: Mapping[str, str] | None = None) -> dict
             "ENABLE_VERSION_UPDATE_CHECK": "false",
             "ENABLE_OLLAMA_API": "false",
             "ENABLE_OPENAI_API": "false",
+            # Older versions list an "arena-model" next to the pipe otherwise.
+            "ENABLE_EVALUATION_ARENA_MODELS": "false",
             "RAG_EMBEDDING_ENGINE": "openai",
             "RAG_OPENAI_API_BASE_URL": "http://127.0.0.1:9/v1",
             "RAG_OPENAI_API_KEY": "unused",
