@@ -8,7 +8,7 @@ event has a ``kind`` string so consumers can switch on it cheaply.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from .toolcalls import ToolCall
@@ -237,4 +237,3 @@ class Counters:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float | None = None
-    extra: dict[str, int] = field(default_factory=dict)

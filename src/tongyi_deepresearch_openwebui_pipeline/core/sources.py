@@ -73,7 +73,6 @@ class SourceLedger:
     def __init__(self) -> None:
         """Start empty."""
         self.sources: list[Source] = []
-        self.search_urls: list[str] = []
         #: Pages read successfully, re-reads included (sources are distinct).
         self.reads = 0
         self._by_key: dict[str, Source] = {}
@@ -139,12 +138,6 @@ class SourceLedger:
         for key in aliases:
             self._by_key[key] = entry
         return source_event(entry)
-
-    def add_search_results(self, data: dict[str, Any]) -> None:
-        """Record URLs a search returned (seen, not read)."""
-        for url in data.get("urls") or []:
-            if isinstance(url, str):
-                self.search_urls.append(url)
 
 
 def source_event(source: Source) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 Open WebUI hands the pipe ``__event_emitter__``; a failing emit (a closed
 socket, an old version) must never end a research run, so every emit goes
 through `SafeEmitter`. Tools get an `EventRelay` instead of the raw emitter:
-it forwards their status lines and records the pages they read and the URLs
-their searches found, so the pipe can number citations and list sources.
+it forwards their status lines (a search's result URLs are shown by Open
+WebUI from those) and records the pages they read, so the pipe can number
+citations and list sources.
 """
 
 from __future__ import annotations
@@ -86,8 +87,6 @@ class EventRelay:
                 await self._emit(source_event)
             return
         if kind == "status" and isinstance(data, dict):
-            if data.get("action") == "web_search":
-                self._ledger.add_search_results(data)
             # A tool's own "done" must not end the pipe's status shimmer.
             data = {
                 **data,
