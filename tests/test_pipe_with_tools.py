@@ -19,6 +19,7 @@ from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
 from tests.fakes.pages import FakeResolver, PageSite, RoutingTransport
 from tests.fakes.searxng import FakeSearXNG, result
 from tests.test_pipe import drive
+from tests.test_visit_safety import REFUSED_URLS, RESOLVER_TABLE
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
     ToolResolver,
 )
@@ -213,3 +214,21 @@ async def test_redirect_to_private_address_is_refused_at_the_hop(recording_netwo
     assert blocked == []
     hosts = [r.url.host for r in recording_network["transport"].requests]
     assert "169.254.169.254" not in hosts
+
+
+@pytest.mark.parametrize("url", REFUSED_URLS)
+async def test_every_refused_address_form_through_the_pipe(url, recording_network):
+    recording_network["resolver"].table.update(RESOLVER_TABLE)
+    with FakeOpenAI() as fake:
+        turns = [
+            Reply(content=tool_call("visit", {"url": [url], "goal": "secrets"})),
+            Reply(content=answer("Nothing could be read.")),
+        ]
+        fake.respond_with(router(turns, []))
+        pipe = make_pipe(fake, local_tools("http://127.0.0.1:9/search", False))
+        text, _, events = await drive(pipe, QUESTION)
+        result = [b for b in fake.bodies if b.get("stream")][1]["messages"][-1]
+    assert recording_network["transport"].requests == []
+    assert "The provided webpage content could not be accessed." in result["content"]
+    assert not [e for e in events if e["type"] == "source"]
+    assert "Nothing could be read." in text
