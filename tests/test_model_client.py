@@ -15,6 +15,7 @@ from tongyi_deepresearch_openwebui_pipeline.adapters.model_client import (
     SSEDecoder,
     _Transient,
     chunks_of,
+    served_context_tokens,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.events import (
     ModelDelta,
@@ -297,3 +298,17 @@ def test_odd_payload_shapes_never_crash(payloads):
     for chunk in chunks_of(payloads):
         if isinstance(chunk, ModelUsage):
             assert chunk.prompt_tokens >= 0 and chunk.completion_tokens >= 0
+
+
+async def test_served_context_is_read_from_the_model_list():
+    with FakeOpenAI(max_model_len=16384) as fake:
+        async with httpx.AsyncClient() as http:
+            settings = ModelSettings(base_url=fake.base_url, model=fake.model)
+            assert await served_context_tokens(http, settings) == 16384
+            other = ModelSettings(base_url=fake.base_url, model="another-model")
+            assert await served_context_tokens(http, other) == 0
+            missing = ModelSettings(base_url=fake.server.url("/nope"), model=fake.model)
+            assert await served_context_tokens(http, missing) == 0
+        url = fake.base_url
+    async with httpx.AsyncClient() as http:  # the server is gone
+        assert await served_context_tokens(http, ModelSettings(url, "m")) == 0

@@ -18,6 +18,7 @@ from tests.fakes.openai_server import FakeOpenAI, Reply, Style, answer, tool_cal
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
     ToolResolver,
 )
+from tongyi_deepresearch_openwebui_pipeline.core.prompts import WRAP_UP_MESSAGE
 from tongyi_deepresearch_openwebui_pipeline.pipes.pipe import Pipe
 
 KEY = "sk-live-VERY-SECRET-999"
@@ -424,3 +425,18 @@ async def test_emits_never_overlap():
         await drive(pipe, QUESTION, __event_emitter__=slow_emitter)
     assert overlaps == 0
     assert len([e for e in seen if e["type"] == "source"]) == 4
+
+
+@pytest.mark.parametrize(("served", "wraps_up"), [(16384, True), (131072, False)])
+async def test_budget_follows_the_context_the_server_serves(served, wraps_up):
+    long_question = "Background: " + "facts and figures " * 2800  # ~13k tokens
+    with FakeOpenAI(max_model_len=served) as fake:
+        fake.script(
+            Reply(content=tool_call("search", {"query": ["q"]})),
+            Reply(content=answer("done")),
+        )
+        pipe = make_pipe(fake, MAX_TOKENS=4096)
+        text, _, _ = await drive(pipe, [{"role": "user", "content": long_question}])
+        last = fake.bodies[-1]["messages"][-1]["content"]
+    assert "done" in text
+    assert (last == WRAP_UP_MESSAGE) is wraps_up

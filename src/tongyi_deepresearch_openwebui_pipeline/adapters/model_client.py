@@ -169,6 +169,43 @@ async def shared_ssl_context() -> ssl.SSLContext:
     return context
 
 
+_CONTEXT_FIELDS = ("max_model_len", "context_length", "context_window", "n_ctx")
+
+
+async def served_context_tokens(
+    http: httpx.AsyncClient, settings: ModelSettings
+) -> int:
+    """The context length the server says it serves for the model (0 = unknown).
+
+    vLLM lists ``max_model_len`` under ``GET /models``, OpenRouter
+    ``context_length``, llama.cpp ``n_ctx`` in its metadata. A deployment may
+    serve far less than the model's 128K, and the research budget must fit
+    what is actually served. Any failure means "unknown": never an error.
+    """
+    headers = (
+        {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    )
+    try:
+        response = await http.get(
+            settings.base_url.rstrip("/") + "/models",
+            headers=headers,
+            timeout=httpx.Timeout(5.0),
+        )
+        entries = response.json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return 0
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict) or entry.get("id") != settings.model:
+            continue
+        places = [entry, entry.get("meta") or {}, entry.get("top_provider") or {}]
+        for place in places:
+            for name in _CONTEXT_FIELDS:
+                value = place.get(name) if isinstance(place, dict) else None
+                if isinstance(value, int) and value > 0:
+                    return value
+    return 0
+
+
 class SSEDecoder:
     """Incremental decoder of ``data:`` payloads (httpx-style ``feed``/``flush``).
 

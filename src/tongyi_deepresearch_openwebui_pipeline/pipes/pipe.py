@@ -26,8 +26,10 @@ from ..adapters.model_client import (
     ModelSettings,
     OpenAIModelClient,
     redact,
+    served_context_tokens,
     shared_ssl_context,
 )
+from ..adapters.openwebui import compat
 from ..adapters.openwebui.code import build_python_handler
 from ..adapters.openwebui.emitter import EventRelay, SafeEmitter
 from ..adapters.openwebui.files import (
@@ -284,8 +286,34 @@ class Pipe:
         if __task__:
             yield task_reply(__task__, body)
             return
+        async for text in self._turn(
+            body,
+            user=__user__,
+            request=__request__,
+            emitter=__event_emitter__,
+            files=__files__,
+            metadata=__metadata__,
+            chat_id=__chat_id__,
+        ):
+            yield text
+        if body.get("stream") and not await compat.host_ends_async_streams():
+            for line in compat.stream_end(str(body.get("model") or "")):
+                yield line
+
+    async def _turn(
+        self,
+        body: dict[str, Any],
+        *,
+        user: dict[str, Any] | None,
+        request: Any,
+        emitter: Callable[[dict[str, Any]], Awaitable[Any]] | None,
+        files: list[dict[str, Any]] | None,
+        metadata: dict[str, Any] | None,
+        chat_id: str | None,
+    ) -> AsyncIterator[str]:
+        """The research turn itself (errors become a readable message)."""
         valves = self.valves
-        emit = SafeEmitter(__event_emitter__)
+        emit = SafeEmitter(emitter)
         try:
             api_key = secrets.decrypt(valves.API_KEY)
         except secrets.SecretError as error:
@@ -298,11 +326,11 @@ class Pipe:
                 valves,
                 emit,
                 api_key=api_key,
-                user=__user__,
-                request=__request__,
-                metadata=__metadata__,
-                chat_id=__chat_id__,
-                files=__files__,
+                user=user,
+                request=request,
+                metadata=metadata,
+                chat_id=chat_id,
+                files=files,
             ):
                 yield text
         except asyncio.CancelledError:
@@ -353,6 +381,7 @@ class Pipe:
         )
         system_extra, turns = split_conversation(body.get("messages") or [])
         if not turns or turns[-1]["role"] != "user":
+            await emit.status("Nothing to research", done=True)
             yield "Please ask a question to start the research."
             return
         if "parse_file" in toolbox.available():
@@ -367,19 +396,21 @@ class Pipe:
             messages=[{"role": "system", "content": system}, *turns],
             started=time.monotonic(),
         )
-        limits = Limits(
-            max_rounds=valves.MAX_TOOL_ROUNDS,
-            max_context_tokens=valves.MAX_CONTEXT_TOKENS,
-            max_seconds=valves.MAX_RESEARCH_MINUTES * 60,
-            max_calls_per_turn=valves.MAX_CALLS_PER_TURN,
-            max_output_tokens=valves.MAX_TOKENS,
-        )
         await emit.status("Starting research…")
+        settings = _model_settings(valves, api_key)
         async with httpx.AsyncClient(
             verify=await shared_ssl_context(),
             headers={"User-Agent": f"tongyi-deepresearch-openwebui/{__version__}"},
         ) as http:
-            model = OpenAIModelClient(_model_settings(valves, api_key), http)
+            limits = Limits(
+                max_rounds=valves.MAX_TOOL_ROUNDS,
+                max_context_tokens=valves.MAX_CONTEXT_TOKENS,
+                max_seconds=valves.MAX_RESEARCH_MINUTES * 60,
+                max_calls_per_turn=valves.MAX_CALLS_PER_TURN,
+                model_context_tokens=await served_context_tokens(http, settings),
+                max_output_tokens=valves.MAX_TOKENS,
+            )
+            model = OpenAIModelClient(settings, http)
             loop = ResearchLoop(state, model, toolbox, limits)
             async for event in loop.run():
                 text = await renderer.render(event)

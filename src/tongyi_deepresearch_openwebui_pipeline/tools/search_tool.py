@@ -34,6 +34,7 @@ import logging
 import re
 import ssl
 import threading
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -335,6 +336,63 @@ async def _openwebui_search(
     return list((await result if inspect.isawaitable(result) else result) or [])
 
 
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+", re.IGNORECASE)
+_SECRET_PAIR = re.compile(
+    r"(?i)\b(api[_-]?key|key|token|secret|password|passwd|auth\w*|sig\w*)"
+    r"(['\"]?\s*[:=]\s*['\"]?)[^\s'\"&,;)}\]]+"
+)
+_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[\w.~+/=-]+")
+MAX_LOGGED_MESSAGE = 300
+
+
+def _without_secrets(text: str) -> str:
+    """Text for the log: URLs cut to scheme, host and path, key-like values masked.
+
+    Exception messages from engines and HTTP clients can quote request URLs
+    (API keys in the query string, credentials before the host) or headers.
+    """
+
+    def bare_url(match: re.Match[str]) -> str:
+        parts = urlsplit(match.group(0))
+        host = parts.hostname or ""
+        port = f":{parts.port}" if _safe_port(parts) else ""
+        return urlunsplit((parts.scheme, host + port, parts.path, "", ""))
+
+    text = _URL.sub(bare_url, text)
+    text = _BEARER.sub(lambda m: f"{m.group(1)} ***", text)
+    text = _SECRET_PAIR.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
+    if len(text) > MAX_LOGGED_MESSAGE:
+        text = text[:MAX_LOGGED_MESSAGE] + "…"
+    return text
+
+
+def _safe_port(parts: Any) -> bool:
+    """Whether a URL has a readable port (a malformed one raises ValueError)."""
+    try:
+        return parts.port is not None
+    except ValueError:
+        return False
+
+
+def _log_failure(exc: BaseException) -> None:
+    """Log a failed query: the reason at WARNING, where it happened at DEBUG.
+
+    Both without secrets: the traceback is rebuilt from its frames (file,
+    line, function, source line) and the cleaned message, never from the raw
+    exception text.
+    """
+    message = _without_secrets(str(exc))
+    log.warning("search failed for a query: %s: %s", type(exc).__name__, message)
+    if log.isEnabledFor(logging.DEBUG):
+        frames = "".join(traceback.format_list(traceback.extract_tb(exc.__traceback__)))
+        log.debug(
+            "search failure traceback (most recent call last):\n%s%s: %s",
+            frames,
+            type(exc).__name__,
+            message,
+        )
+
+
 def _describe_failure(exc: BaseException) -> str:
     """A short reason without URLs or secrets."""
     if isinstance(exc, httpx.HTTPStatusError):
@@ -541,7 +599,7 @@ async def _run_query(
     except Exception as exc:  # one query must not sink the others
         if MISSING_CONFIG.match(str(exc)):
             return _Outcome(UNCONFIGURED_TEXT, error=True, unconfigured=True)
-        log.warning("search failed for a query: %s", type(exc).__name__)
+        _log_failure(exc)
         reason = _describe_failure(exc)
         text = f"Search failed for '{query}': {reason}. Please try again later."
         return _Outcome(text, error=True)

@@ -23,9 +23,12 @@ import asyncio
 import importlib
 import importlib.metadata
 import inspect
+import json
 import logging
 import re
 import sys
+import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType, SimpleNamespace
@@ -82,6 +85,59 @@ def openwebui_version() -> str | None:
 def running_app() -> Any:
     """The FastAPI app of the running server, or None (never imports it)."""
     return getattr(sys.modules.get("open_webui.main"), "app", None)
+
+
+# -- how a streamed pipe reply ends ----------------------------------------------------
+
+# 0.6 and 0.8 end a streamed pipe reply with the finish chunk and ``data: [DONE]``
+# only when the pipe returned a str or a *sync* generator; an async generator's
+# stream just stops (0.11+ end every stream). This is that guard's source text.
+_SYNC_ONLY_STREAM_END = re.compile(
+    r"isinstance\(res,\s*str\)\s*or\s*isinstance\(res,\s*Generator\)\s*:"
+)
+_STREAM_END_CHECKS: dict[str, bool] = {}
+
+
+def _host_ends_async_streams_now() -> bool:
+    """Read Open WebUI's pipe runner once (blocking: a source file read)."""
+    module = _import("open_webui.functions")
+    if module is None:
+        return True  # no Open WebUI, nobody to compensate for
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        return True  # unknown: never risk a doubled end
+    return _SYNC_ONLY_STREAM_END.search(source) is None
+
+
+async def host_ends_async_streams() -> bool:
+    """Whether Open WebUI itself ends a pipe's streamed async-generator reply.
+
+    False on 0.6 and 0.8: there an API client streaming from the pipe gets
+    neither a ``finish_reason`` nor ``data: [DONE]`` unless the pipe sends
+    them. Detected from Open WebUI's own code, read once off the event loop.
+    """
+    if "result" not in _STREAM_END_CHECKS:
+        _STREAM_END_CHECKS["result"] = await asyncio.to_thread(
+            _host_ends_async_streams_now
+        )
+    return _STREAM_END_CHECKS["result"]
+
+
+def stream_end(model: str) -> list[str]:
+    """The lines Open WebUI 0.11+ itself sends after a streamed pipe reply.
+
+    A finish chunk (``finish_reason: "stop"``) and ``data: [DONE]``, as raw
+    ``data:`` lines: Open WebUI passes those through unchanged.
+    """
+    finish = {
+        "id": f"{model}-{uuid.uuid4()}",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "logprobs": None, "finish_reason": "stop"}],
+        "object": "chat.completion.chunk",
+    }
+    return [f"data: {json.dumps(finish)}", "data: [DONE]"]
 
 
 # -- calling sync and async alike ------------------------------------------------------
