@@ -259,8 +259,9 @@ def frontmatter_problems(text: str, version: str) -> list[str]:
     for line in block:
         if not line.strip():
             continue
-        match = re.fullmatch(r"([a-z_]+): (\S.*)", line.rstrip())
-        if not match:
+        match = re.fullmatch(r"([a-z_]+):(?: (\S.*))?", line.rstrip())
+        # Only `requirements:` may be empty (nothing for Open WebUI to install).
+        if not match or (match.group(2) is None and match.group(1) != "requirements"):
             problems.append(
                 f"frontmatter line is not a single-line `key: value`: {line!r}"
             )

@@ -46,6 +46,7 @@ NO_AUTH_EMAIL = "admin@localhost"
 NO_AUTH_PASSWORD = "admin"  # noqa: S105 - Open WebUI's fixed no-auth account
 
 _FRONTMATTER_LINE = "description:"
+NOT_JSON = "the answer is not JSON"
 
 
 class OpenWebUIError(RuntimeError):
@@ -84,7 +85,16 @@ class RestClient:
             ) from None
         except (urllib.error.URLError, OSError) as error:
             raise OpenWebUIError(f"{method} {path} failed: {error}") from None
-        return json.loads(raw) if raw.strip() else None
+        if not raw.strip():
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            # e.g. the web app's HTML page, served for paths the API lacks
+            raise OpenWebUIError(
+                f"{method} {path} failed: {NOT_JSON} "
+                f"({raw[:40].decode('utf-8', 'replace')!r}…)"
+            ) from None
 
     def get(self, path: str) -> Any:
         """GET ``path``."""
@@ -122,8 +132,10 @@ def wait_ready(
             return time.monotonic() - started
         except OpenWebUIError as error:
             last = str(error)
-            if path == "/ready" and "HTTP 404" in last:
-                path = "/health"  # older versions have no readiness endpoint
+            if path == "/ready" and ("HTTP 404" in last or NOT_JSON in last):
+                # Older versions have no readiness endpoint: 404, or (0.6)
+                # the web app's HTML page answers it.
+                path = "/health"
                 continue
         time.sleep(interval)
     raise OpenWebUIError(f"Open WebUI was not ready after {timeout:.0f} s ({last})")

@@ -133,10 +133,13 @@ def test_frontmatter_is_complete_and_single_line(path):
             continue
         # Anything else (a prose line, an indented continuation, a YAML block)
         # is either dropped or turned into a bogus key by Open WebUI.
-        match = re.fullmatch(r"([a-z_]+): (\S.*)", line.rstrip())
+        match = re.fullmatch(r"([a-z_]+):(?: (\S.*))?", line.rstrip())
         assert match, f"not a single-line `key: value`: {line!r}"
         assert match.group(1) in KNOWN_KEYS, f"unknown key {match.group(1)!r}"
-        assert match.group(2).strip() not in {">", "|", ">-", "|-"}
+        value = match.group(2)
+        # Only `requirements:` may be empty (nothing for Open WebUI to install).
+        assert value is not None or match.group(1) == "requirements", line
+        assert (value or "").strip() not in {">", "|", ">-", "|-"}
         keys_seen.append(match.group(1))
     assert len(keys_seen) == len(set(keys_seen)), f"duplicate keys in {keys_seen}"
 

@@ -513,6 +513,62 @@ async def test_011_reads_config_from_the_store(
     assert standin.calls[0]["config"] is None
 
 
+async def test_011_engine_error_is_logged_with_message_and_traceback(
+    searxng: FakeSearXNG,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Open WebUI 0.11.4's REST config update writes every web field, so a
+    # partial update stores SEARXNG_LANGUAGE as null; its searxng engine then
+    # fails on `None.strip()` inside search_web, out of the tool's reach.
+    standin = OpenWebUIStandIn("0.11", searxng.search_url)
+    standin.values["web.search.searxng_language"] = None
+    use_openwebui(monkeypatch, standin)
+    caplog.set_level("DEBUG", logger=search_tool.log.name)
+
+    text = await Tools().search(["q"], __request__=standin.request, __user__=USER)
+
+    assert text == (
+        "Search failed for 'q': unexpected error (AttributeError). "
+        "Please try again later."
+    )
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.getMessage() == (
+        "search failed for a query: AttributeError: "
+        "'NoneType' object has no attribute 'strip'"
+    )
+    (debug,) = [r for r in caplog.records if r.levelname == "DEBUG"]
+    assert "in search_web_011" in debug.getMessage()
+    assert debug.exc_info is None  # rebuilt from frames, not the raw exception
+
+
+async def test_failure_logs_carry_no_secrets(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    standin = OpenWebUIStandIn("0.11", "http://127.0.0.1:9/search")
+
+    async def leaky_search_web(request: Any, engine: str, query: str, user=None):
+        raise RuntimeError(
+            "GET https://me:pw-123@engine.example/s?q=x&key=sk-LEAK1 failed; "
+            "headers {'Authorization': 'Bearer sk-LEAK2'} api_key=sk-LEAK3"
+        )
+
+    namespace = standin.namespace()
+    namespace.search_web = leaky_search_web
+    monkeypatch.setattr(search_tool, "_import_openwebui", lambda: namespace)
+    caplog.set_level("DEBUG", logger=search_tool.log.name)
+
+    text = await Tools().search(["q"], __request__=standin.request, __user__=USER)
+
+    assert "unexpected error (RuntimeError)" in text
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "https://engine.example/s failed" in logged
+    assert "in leaky_search_web" in logged
+    for secret in ("pw-123", "sk-LEAK1", "sk-LEAK2", "sk-LEAK3"):
+        assert secret not in logged
+        assert secret not in text
+
+
 async def test_012_passes_config_with_the_result_count(
     searxng: FakeSearXNG, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -22,7 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from tongyi_deepresearch_openwebui_pipeline.tools import scholar_tool, search_tool
+from tongyi_deepresearch_openwebui_pipeline.tools import (
+    scholar_tool,
+    search_tool,
+    visit_tool,
+)
 
 from .fakes.scholarly import FakeScholarly, openalex_work
 from .fakes.searxng import FakeSearXNG, result
@@ -85,7 +89,8 @@ def test_frontmatter(path: Path, tool_id: str, title: str) -> None:
     assert meta["author_url"] == AUTHOR_URL
     assert meta["version"] == version("tongyi-deepresearch-openwebui-pipeline")
     assert meta["license"] == "MIT"
-    assert meta["requirements"] == "httpx"
+    # httpx ships with Open WebUI: nothing for it to pip-install.
+    assert meta["requirements"] == ""
     assert meta["required_open_webui_version"] == "0.6.0"
     assert len(meta["description"]) > 40
 
@@ -127,6 +132,25 @@ def test_the_tool_is_the_only_public_callable(module: object, name: str) -> None
         "__event_emitter__",
     ]
     assert ":param query: The list of search queries" in getattr(tool, name).__doc__
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [(search_tool, "search"), (scholar_tool, "google_scholar"), (visit_tool, "visit")],
+)
+def test_open_webui_06_sees_only_the_tool_method(module: object, name: str) -> None:
+    # Open WebUI 0.6.43 (utils.tools.get_functions_from_tool) offers every
+    # callable attribute not starting with "__" and not a class as a tool, so
+    # a private `_helper` method became a spec and made the install fail.
+    tool = module.Tools()  # type: ignore[attr-defined]
+    offered = [
+        attr
+        for attr in dir(tool)
+        if callable(getattr(tool, attr))
+        and not attr.startswith("__")
+        and not inspect.isclass(getattr(tool, attr))
+    ]
+    assert offered == [name]
 
 
 # --- a fresh interpreter without the package or Open WebUI ----------------------

@@ -15,6 +15,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.fakes.http import LocalServer, Request, Response
+
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "scripts" / "serve"
 
@@ -151,3 +153,43 @@ def test_serve_without_prepare_needs_an_existing_venv(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert f"no Open WebUI in {tmp_path / 'missing-venv'}" in result.stderr
     assert not (tmp_path / "data").exists()
+
+
+def _spa_page(_request: Request) -> Response:
+    """What Open WebUI 0.6 answers for a path its API lacks: the web app."""
+    return Response.text("<!doctype html>\n<html>…</html>\n", content_type="text/html")
+
+
+def test_wait_ready_polls_ready_where_it_exists() -> None:
+    routes = {
+        "/ready": lambda _r: Response.json({"status": True}),
+        "/health": lambda _r: Response.json({"status": True}),
+    }
+    with LocalServer(routes) as server:
+        installer.wait_ready(server.base_url, timeout=10, interval=0.01)
+
+    assert [r.path for r in server.requests] == ["/ready"]
+
+
+def test_wait_ready_falls_back_to_health_when_ready_is_the_web_app() -> None:
+    # Open WebUI 0.6 has no /ready: its catch-all serves index.html with 200.
+    routes = {"/": _spa_page, "/health": lambda _r: Response.json({"status": True})}
+    with LocalServer(routes) as server:
+        installer.wait_ready(server.base_url, timeout=10, interval=0.01)
+
+    assert [r.path for r in server.requests] == ["/ready", "/health"]
+
+
+def test_wait_ready_falls_back_to_health_on_404() -> None:
+    routes = {"/health": lambda _r: Response.json({"status": True})}
+    with LocalServer(routes) as server:
+        installer.wait_ready(server.base_url, timeout=10, interval=0.01)
+
+    assert [r.path for r in server.requests] == ["/ready", "/health"]
+
+
+def test_an_html_answer_from_the_api_is_a_clear_error() -> None:
+    with LocalServer({"/": _spa_page}) as server:
+        client = installer.RestClient(server.base_url)
+        with pytest.raises(installer.OpenWebUIError, match="not JSON"):
+            client.get("/api/v1/functions/")

@@ -33,6 +33,7 @@ from .owui import (
     installer,
     owui_venv,
     venv_problem,
+    web_search_env,
 )
 
 ADMIN_NAME = "E2E Admin"
@@ -119,7 +120,8 @@ def page_site() -> Iterator[PageSite]:
 
 def _set_up_tools(api: Api, session: OwuiSession) -> None:
     """Let the visit tool read the local site (it refuses loopback by default)."""
-    session.tools = api.wait_for_tools(timeout=5)
+    # The pipe registers them in the background: ~1 s on 0.12.4, ~13 s on 0.6.43.
+    session.tools = api.wait_for_tools(timeout=60)
     if "deepresearch_visit" not in session.tools:
         session.visit_setup_problem = (
             "deepresearch_visit is not in Open WebUI's tool registry, so its "
@@ -143,7 +145,11 @@ def owui(
     """A running Open WebUI with an admin, the pipe and web search set up."""
     if not PIPE_FILE.is_file():
         pytest.fail(f"{PIPE_FILE.name} (the release asset) is missing", pytrace=False)
-    server = OpenWebUIServer(owui_venv_path, tmp_path_factory.mktemp("owui"))
+    server = OpenWebUIServer(
+        owui_venv_path,
+        tmp_path_factory.mktemp("owui"),
+        web_search_env(fake_search.search_url),
+    )
     request.config.stash[SERVER_KEY] = server
     timings = request.config.stash.setdefault(TIMINGS_KEY, {})
     try:
@@ -158,7 +164,6 @@ def owui(
         content = PIPE_FILE.read_text(encoding="utf-8")
         installer.install_pipe(client, content, pipe_valves(fake_model))
         installer.wait_for_model(client)
-        api.configure_web_search(fake_search.search_url)
         session = OwuiSession(server, api, owui_venv_path)
         _set_up_tools(api, session)
         timings["pipe install + setup (s)"] = time.monotonic() - started

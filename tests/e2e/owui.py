@@ -146,6 +146,26 @@ def hermetic_env(data_dir: Path, extra: Mapping[str, str] | None = None) -> dict
     return env
 
 
+def web_search_env(searxng_search_url: str, count: int = 3) -> dict[str, str]:
+    """Environment that points Open WebUI's web search at a SearXNG instance.
+
+    Set at server start (it seeds the config of a fresh data directory) rather
+    than over REST, because the REST update differs per version: 0.8.12 answers
+    HTTP 500 (it reads a config key it never defines), and 0.11.4 writes every
+    web field, so a partial update sets the others to null (a null
+    SEARXNG_LANGUAGE then breaks every SearXNG search).
+    """
+    return {
+        "ENABLE_WEB_SEARCH": "true",
+        "ENABLE_RAG_WEB_SEARCH": "true",
+        "WEB_SEARCH_ENGINE": "searxng",
+        "SEARXNG_QUERY_URL": f"{searxng_search_url}?q=<query>",
+        "WEB_SEARCH_RESULT_COUNT": str(count),
+        "WEB_LOADER_ENGINE": "",
+        "BYPASS_WEB_SEARCH_EMBEDDING_AND_RETRIEVAL": "true",
+    }
+
+
 class ServerError(RuntimeError):
     """Open WebUI did not start (the message ends with its log's tail)."""
 
@@ -323,22 +343,6 @@ class Api:
                 return found
             time.sleep(0.5)
 
-    def configure_web_search(self, searxng_search_url: str, count: int = 3) -> Any:
-        """Point Open WebUI's web search at a SearXNG instance."""
-        return self.post(
-            "/api/v1/retrieval/config/update",
-            {
-                "web": {
-                    "ENABLE_WEB_SEARCH": True,
-                    "WEB_SEARCH_ENGINE": "searxng",
-                    "SEARXNG_QUERY_URL": f"{searxng_search_url}?q=<query>",
-                    "WEB_SEARCH_RESULT_COUNT": count,
-                    "WEB_LOADER_ENGINE": "",
-                    "BYPASS_WEB_SEARCH_EMBEDDING_AND_RETRIEVAL": True,
-                }
-            },
-        )
-
     def upload_file(self, name: str, data: bytes, content_type: str) -> dict:
         """Upload a file and extract its text now (not in the background)."""
         return self.call(
@@ -451,6 +455,8 @@ class UiChat:
     message_id: str
     events: list[dict[str, Any]]
     chat: dict[str, Any]
+    #: Whether the final ``chat:completion`` (``done: true``) arrived.
+    finished: bool = False
 
     @property
     def message(self) -> dict[str, Any]:
@@ -463,6 +469,22 @@ class UiChat:
             str((event.get("data") or {}).get("type"))
             for event in self.events
             if event.get("chat_id") == self.chat_id
+        ]
+
+    def snapshots(self) -> list[str]:
+        """The message content of each live ``chat:completion`` (0.6 / 0.8).
+
+        Every update before the final one (``done``) carries the whole content
+        so far, so the list shows how the message grew on screen.
+        """
+        return [
+            str(data["content"])
+            for event in self.events
+            if event.get("message_id") == self.message_id
+            and (payload := event.get("data") or {}).get("type") == "chat:completion"
+            and isinstance(data := payload.get("data"), dict)
+            and not data.get("done")
+            and isinstance(data.get("content"), str)
         ]
 
     def deltas(self, kind: str) -> list[str]:
@@ -514,7 +536,14 @@ async def ui_chat(
     )
     try:
         await sio.emit("user-join", {"auth": {"token": api.token}})
-        user_id = str(uuid.uuid4())
+        user_message = {
+            "id": str(uuid.uuid4()),
+            "parentId": None,
+            "childrenIds": [],
+            "role": "user",
+            "content": question,
+            "timestamp": int(time.time()),
+        }
         body = {
             "model": model,
             "messages": [{"role": "user", "content": question}],
@@ -522,20 +551,25 @@ async def ui_chat(
             "session_id": sio.get_sid(),
             "parent_id": None,
             "id": message_id,
-            "user_message": {
-                "id": user_id,
-                "parentId": None,
-                "childrenIds": [],
-                "role": "user",
-                "content": question,
-                "timestamp": int(time.time()),
-            },
+            "user_message": user_message,
             "background_tasks": {
                 "title_generation": True,
                 "tags_generation": True,
                 "follow_up_generation": True,
             },
         }
+        chat_id = None
+        if not server_creates_chats():
+            # 0.6 / 0.8: the browser saves the new chat first, then runs the
+            # completion in it (without a chat id it would run inline).
+            chat_id = await asyncio.to_thread(
+                _create_chat, api, model, user_message, message_id
+            )
+            body |= {
+                "chat_id": chat_id,
+                "parent_id": user_message["id"],
+                "parent_message": user_message,  # 0.6 reads its files
+            }
         async with httpx.AsyncClient(
             base_url=api.base_url,
             headers={"Authorization": f"Bearer {api.token}"},
@@ -544,23 +578,95 @@ async def ui_chat(
             response = await client.post("/api/chat/completions", json=body)
         if response.status_code != 200:
             raise ApiError(f"UI chat: HTTP {response.status_code}: {response.text}")
-        chat_id = response.json()["chat_id"]
+        answer = response.json()
+        if not answer.get("status"):
+            raise ApiError(f"UI chat: not run in the background: {answer}")
+        chat_id = chat_id or answer["chat_id"]
         await asyncio.wait_for(finished.wait(), timeout)
         chat = await _saved_chat(api, chat_id, message_id, timeout=20)
     finally:
         await sio.disconnect()
-    return UiChat(chat_id, message_id, events, chat)
+    return UiChat(chat_id, message_id, events, chat, finished.is_set())
+
+
+def server_saves_answers_whole() -> bool:
+    """Whether the server saves the finished answer as done, with ``output``.
+
+    0.8.12+ do; on 0.6.43 the server saves the content only (reasoning as
+    ``<details type="reasoning">`` blocks) and the browser marks it done.
+    """
+    return owui_version_tuple() >= (0, 8)
+
+
+def server_streams_deltas() -> bool:
+    """Whether the UI session gets live ``response:completion`` deltas.
+
+    0.11.4 / 0.12.4 stream deltas (``response.reasoning_text.delta``, …);
+    0.6.43 / 0.8.12 send the whole message content so far in each live
+    ``chat:completion`` event instead.
+    """
+    return owui_version_tuple() >= (0, 11)
+
+
+def owui_version_tuple() -> tuple[int, ...]:
+    """The version under test as numbers (``(0, 12, 4)``)."""
+    return tuple(int(part) for part in owui_version().split(".")[:3])
+
+
+def server_creates_chats() -> bool:
+    """Whether ``/api/chat/completions`` creates the chat of a UI turn itself.
+
+    0.11.4 and 0.12.4 do (the answer carries ``chat_id``); 0.6.43 and 0.8.12
+    need the chat saved first (``POST /api/v1/chats/new``), as their UI does.
+    """
+    return owui_version_tuple() >= (0, 11)
+
+
+def _create_chat(
+    api: Api, model: str, user_message: dict[str, Any], message_id: str
+) -> str:
+    """Save a new chat holding the question and an empty answer; its id."""
+    now = int(time.time())
+    question = {**user_message, "childrenIds": [message_id], "models": [model]}
+    reply = {
+        "id": message_id,
+        "parentId": question["id"],
+        "childrenIds": [],
+        "role": "assistant",
+        "content": "",
+        "model": model,
+        "modelIdx": 0,
+        "timestamp": now,
+    }
+    chat = {
+        "id": "",
+        "title": "New Chat",
+        "models": [model],
+        "params": {},
+        "history": {
+            "messages": {question["id"]: question, message_id: reply},
+            "currentId": message_id,
+        },
+        "messages": [question, reply],
+        "tags": [],
+        "timestamp": now * 1000,
+    }
+    return str(api.post("/api/v1/chats/new", {"chat": chat})["id"])
 
 
 async def _saved_chat(
     api: Api, chat_id: str, message_id: str, timeout: float
 ) -> dict[str, Any]:
-    """The chat once its assistant message is saved as done."""
+    """The chat once its assistant message is saved as done (0.6: has content)."""
     deadline = time.monotonic() + timeout
     while True:
         chat = await asyncio.to_thread(api.get_chat, chat_id)
         message = chat["chat"]["history"]["messages"].get(message_id) or {}
-        if message.get("done") or time.monotonic() > deadline:
+        saved = message.get("done") if server_saves_answers_whole() else None
+        if not server_saves_answers_whole():
+            # 0.6 writes the final content after its last event; never "done".
+            saved = bool(message.get("content"))
+        if saved or time.monotonic() > deadline:
             return chat
         await asyncio.sleep(0.25)
 

@@ -8,6 +8,7 @@ to anything but 127.0.0.1 is aborted. The screenshot is saved in
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from playwright.async_api import Page, Route, async_playwright
+from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from tests.fakes.openai_server import Reply, answer, tool_call
 from tests.fakes.searxng import FakeSearXNG, result
@@ -38,6 +40,7 @@ REASONING = "I should search for why three blades are standard."
 ANSWER = "Three blades balance efficiency, cost and smooth rotation."
 SNIPPET = "Three-bladed rotors balance cost and stability."
 SCREENSHOT = ARTIFACTS / "browser-chat.png"
+MODEL_NAME = "Tongyi DeepResearch"
 
 
 def chromium_path() -> Path:
@@ -88,38 +91,64 @@ async def test_user_sees_reasoning_tool_card_and_answer(
         Reply(reasoning="The search result explains it.", content=answer(ANSWER)),
     )
 
-    # Sign in.
-    await page.goto(f"{owui.base_url}/auth")
-    await page.fill("#email", ADMIN_EMAIL)
-    await page.fill("#password", ADMIN_PASSWORD)
-    await page.get_by_role("button", name="Sign in").click()
-    selector = page.get_by_role("button", name="Selected model: Tongyi DeepResearch")
-    await selector.wait_for(timeout=60_000)
-    whats_new = page.get_by_role("button", name="Okay, Let's Go!")
-    if await whats_new.is_visible():
-        await whats_new.click()
+    try:
+        # Sign in.
+        await page.goto(f"{owui.base_url}/auth")
+        await page.fill("#email", ADMIN_EMAIL)
+        await page.fill("#password", ADMIN_PASSWORD)
+        await page.get_by_role("button", name="Sign in").click()
+        # 0.11+: "Selected model: …"; 0.6: "Select a model" showing the name.
+        selector = (
+            page.get_by_role("button", name="Selected model: Tongyi DeepResearch")
+            .or_(page.locator("#model-selector-0-button", has_text=MODEL_NAME))
+            .first
+        )
+        await selector.wait_for(timeout=60_000)
+        # The "What's New" dialog (0.6 shows it a moment after the page).
+        with contextlib.suppress(PlaywrightTimeout):
+            await page.get_by_role("button", name="Okay, Let's Go!").click(
+                timeout=5_000
+            )
 
-    # Pick the model and ask.
-    await selector.click()
-    await page.get_by_role("option", name="Select Tongyi DeepResearch model").click()
-    await page.locator("#chat-input").click()
-    await page.keyboard.type(QUESTION)
-    await page.keyboard.press("Enter")
+        # Pick the model and ask.
+        await selector.click()
+        await (
+            page.get_by_role("option", name=f"Select {MODEL_NAME} model")
+            .or_(page.get_by_role("button", name=MODEL_NAME, exact=True))  # 0.6
+            .first.click()
+        )
+        # 0.6 keeps its model menu open after a pick; typing would go to its
+        # search box.
+        menu = page.get_by_role("menu")
+        if await menu.is_visible():
+            await page.keyboard.press("Escape")
+            await menu.wait_for(state="hidden")
+        await page.locator("#chat-input").click()
+        await page.keyboard.type(QUESTION)
+        await page.keyboard.press("Enter")
 
-    # The answer, a reasoning block and the tool card appear.
-    await page.get_by_text(ANSWER).wait_for(timeout=90_000)
-    thoughts = page.get_by_text("Thought for", exact=False)
-    assert await thoughts.count() == 2
-    card = page.get_by_text("View Result from search")
-    await card.wait_for()
+        # The answer, a reasoning block and the tool card appear.
+        await page.get_by_text(ANSWER).wait_for(timeout=90_000)
+        # 0.8 folds the reasoning and tool calls before an answer into one
+        # collapsed "Explored …" group: open it first.
+        explored = page.get_by_text("Explored", exact=True)
+        if await explored.count():
+            await explored.first.click()
+        thoughts = page.get_by_text("Thought for", exact=False)
+        assert await thoughts.count() == 2
+        card = page.get_by_text("View Result from search")
+        await card.wait_for()
 
-    # Opening them shows the model's reasoning and the search result.
-    await thoughts.first.click()
-    await page.get_by_text(REASONING).wait_for()
-    await card.click()
-    await page.get_by_text(SNIPPET, exact=False).first.wait_for()
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    await page.screenshot(path=str(SCREENSHOT), full_page=True)
+        # Opening them shows the model's reasoning and the search result.
+        await thoughts.first.click()
+        await page.get_by_text(REASONING).wait_for()
+        await card.click()
+        await page.get_by_text(SNIPPET, exact=False).first.wait_for()
+    finally:  # also what a failure looked like
+        ARTIFACTS.mkdir(exist_ok=True)
+        await page.screenshot(path=str(SCREENSHOT), full_page=True)
+        (ARTIFACTS / "browser-chat.html").write_text(
+            await page.content(), encoding="utf-8"
+        )
     assert SCREENSHOT.stat().st_size > 10_000
     assert len(model.bodies("wind turbines")) == 2

@@ -257,6 +257,10 @@ class OpenWebUIStandIn:
             async def search_web_011(request: Any, engine: str, query: str, user=None):
                 standin._record(engine, query, user, None)
                 settings = dict(standin.values)
+                # 0.11.4 strips the stored language unguarded; a null (what a
+                # partial REST config update stores) raises AttributeError.
+                language = settings.get("web.search.searxng_language", "all")
+                settings["web.search.searxng_language"] = language.strip()
                 return await asyncio.to_thread(
                     standin._search_sync, engine, query, settings
                 )

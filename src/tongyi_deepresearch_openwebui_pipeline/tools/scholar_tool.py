@@ -6,7 +6,7 @@ author_url: https://github.com/tongyi-deepresearch-openwebui/tongyi-deepresearch
 version: 0.1.0
 license: MIT
 description: Scholarly search for Tongyi DeepResearch (OpenAlex, Semantic Scholar or arXiv; no API key), answered in the Google Scholar text format the model was trained on.
-requirements: httpx
+requirements:
 required_open_webui_version: 0.6.0
 """  # noqa: D205, D212, D415, E501  (Open WebUI frontmatter)
 
@@ -651,9 +651,9 @@ class Tools:
         )
         verify = await _ssl_context()
         async with httpx.AsyncClient(
-            timeout=self._seconds(), follow_redirects=True, verify=verify
+            timeout=_seconds(self), follow_redirects=True, verify=verify
         ) as client:
-            web = await self._web(client, __request__, __user__)
+            web = await _web(self, client, __request__, __user__)
             if backend == "web" and isinstance(web, str):
                 await _emit(__event_emitter__, description=web, done=True)
                 return web
@@ -661,7 +661,7 @@ class Tools:
 
             async def one(q: str) -> _Outcome:
                 async with gate:
-                    outcome = await self._run_query(client, backend, web, q)
+                    outcome = await _run_query(self, client, backend, web, q)
                 await _report(__event_emitter__, q, outcome)
                 return outcome
 
@@ -676,64 +676,74 @@ class Tools:
             )
         return text
 
-    async def _web(
-        self, client: httpx.AsyncClient, request: Any, user: dict | None
-    ) -> Search | str:
-        """The web search function, or the reason there is none."""
-        searxng_url = (self.valves.SEARXNG_URL or "").strip()
-        try:
-            ow = (
-                _import_openwebui() if request is not None and not searxng_url else None
-            )
-            if ow is not None:
-                engine = (self.valves.SEARCH_ENGINE or "").strip()
-                return await _openwebui_web(ow, request, user, engine)
-            if not searxng_url:
-                return NO_WEB_TEXT
-            return _searxng_web(client, searxng_url)
-        except _WebUnavailableError as exc:
-            return str(exc)
-        except Exception as exc:  # settings unreadable: no web search this call
-            log.warning("reading web search settings failed: %s", type(exc).__name__)
-            return WEB_UNCONFIGURED_TEXT
 
-    def _seconds(self) -> float:
-        """The per-query time limit (bad values mean 30 s)."""
-        try:
-            seconds = float(self.valves.QUERY_TIMEOUT_SECONDS)
-        except (TypeError, ValueError):
-            seconds = 0.0
-        return seconds if seconds > 0 else 30.0
+# Open WebUI 0.6 offers every callable attribute of `Tools` not named `__*` as a
+# tool (private `_x` methods included, which then fail its spec builder), so
+# the class holds the tool method only and its helpers live here.
 
-    async def _run_query(
-        self, client: httpx.AsyncClient, backend: str, web: Search | str, query: str
-    ) -> _Outcome:
-        """One query: the scholarly backend, else web search with a note."""
-        count = _positive(self.valves.RESULTS_PER_QUERY, 10, ceiling=100)
-        failure: BaseException | None = None
-        if backend != "web":
-            try:
-                async with asyncio.timeout(self._seconds()):
-                    papers = await SCHOLARLY[backend](client, self.valves, query, count)
-                return _Outcome(_format_block(query, papers), papers)
-            except Exception as exc:  # one query must not sink the others
-                log.warning("%s failed for a query: %s", backend, type(exc).__name__)
-                failure = exc
-        if isinstance(web, str):
-            return _failure_outcome(query, failure)
+
+async def _web(
+    tool: "Tools", client: httpx.AsyncClient, request: Any, user: dict | None
+) -> Search | str:
+    """The web search function, or the reason there is none."""
+    searxng_url = (tool.valves.SEARXNG_URL or "").strip()
+    try:
+        ow = _import_openwebui() if request is not None and not searxng_url else None
+        if ow is not None:
+            engine = (tool.valves.SEARCH_ENGINE or "").strip()
+            return await _openwebui_web(ow, request, user, engine)
+        if not searxng_url:
+            return NO_WEB_TEXT
+        return _searxng_web(client, searxng_url)
+    except _WebUnavailableError as exc:
+        return str(exc)
+    except Exception as exc:  # settings unreadable: no web search this call
+        log.warning("reading web search settings failed: %s", type(exc).__name__)
+        return WEB_UNCONFIGURED_TEXT
+
+
+def _seconds(tool: "Tools") -> float:
+    """The per-query time limit (bad values mean 30 s)."""
+    try:
+        seconds = float(tool.valves.QUERY_TIMEOUT_SECONDS)
+    except (TypeError, ValueError):
+        seconds = 0.0
+    return seconds if seconds > 0 else 30.0
+
+
+async def _run_query(
+    tool: "Tools",
+    client: httpx.AsyncClient,
+    backend: str,
+    web: Search | str,
+    query: str,
+) -> _Outcome:
+    """One query: the scholarly backend, else web search with a note."""
+    count = _positive(tool.valves.RESULTS_PER_QUERY, 10, ceiling=100)
+    failure: BaseException | None = None
+    if backend != "web":
         try:
-            async with asyncio.timeout(self._seconds()):
-                found = await web(WEB_PREFIX + query, count)
-        except Exception as exc:  # web fallback failed too
-            log.warning("web search failed for a query: %s", type(exc).__name__)
-            if failure is None and MISSING_CONFIG.match(str(exc)):
-                return _Outcome(WEB_UNCONFIGURED_TEXT, error=True)
-            return _failure_outcome(query, failure or exc)
-        papers = [p for p in map(_web_paper, found) if p][:count]
-        text = _format_block(query, papers)
-        if failure is not None:
-            text += FALLBACK_NOTE.format(name=BACKENDS[backend])
-        return _Outcome(text, papers)
+            async with asyncio.timeout(_seconds(tool)):
+                papers = await SCHOLARLY[backend](client, tool.valves, query, count)
+            return _Outcome(_format_block(query, papers), papers)
+        except Exception as exc:  # one query must not sink the others
+            log.warning("%s failed for a query: %s", backend, type(exc).__name__)
+            failure = exc
+    if isinstance(web, str):
+        return _failure_outcome(query, failure)
+    try:
+        async with asyncio.timeout(_seconds(tool)):
+            found = await web(WEB_PREFIX + query, count)
+    except Exception as exc:  # web fallback failed too
+        log.warning("web search failed for a query: %s", type(exc).__name__)
+        if failure is None and MISSING_CONFIG.match(str(exc)):
+            return _Outcome(WEB_UNCONFIGURED_TEXT, error=True)
+        return _failure_outcome(query, failure or exc)
+    papers = [p for p in map(_web_paper, found) if p][:count]
+    text = _format_block(query, papers)
+    if failure is not None:
+        text += FALLBACK_NOTE.format(name=BACKENDS[backend])
+    return _Outcome(text, papers)
 
 
 def _failure_outcome(query: str, exc: BaseException | None) -> _Outcome:

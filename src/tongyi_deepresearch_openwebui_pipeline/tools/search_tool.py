@@ -6,7 +6,7 @@ author_url: https://github.com/tongyi-deepresearch-openwebui/tongyi-deepresearch
 version: 0.1.0
 license: MIT
 description: Web search for Tongyi DeepResearch, answered in the exact text format the model was trained on (Open WebUI's web search engine or a SearXNG instance).
-requirements: httpx
+requirements:
 required_open_webui_version: 0.6.0
 """  # noqa: D205, D212, D415, E501  (Open WebUI frontmatter)
 
@@ -497,7 +497,7 @@ class Tools:
             done=False,
         )
         try:
-            backend = await self._backend(__request__, __user__)
+            backend = await _backend(self, __request__, __user__)
         except _UnconfiguredError as exc:
             message = str(exc) or UNCONFIGURED_TEXT
             await _emit(__event_emitter__, description=message, done=True)
@@ -507,70 +507,77 @@ class Tools:
             message = SETTINGS_FAILED_TEXT
             await _emit(__event_emitter__, description=message, done=True)
             return message
-        outcomes = await self._run_all(queries, backend, __event_emitter__)
+        outcomes = await _run_all(self, queries, backend, __event_emitter__)
         if any(outcome.unconfigured for outcome in outcomes):
             await _emit(__event_emitter__, description=UNCONFIGURED_TEXT, done=True)
             return UNCONFIGURED_TEXT
         text = SEPARATOR.join(outcome.text for outcome in outcomes)
         return text + (_skipped_note(skipped, limit) if skipped else "")
 
-    async def _backend(self, request: Any, user: dict | None) -> Backend:
-        """Pick SearXNG or Open WebUI; raise _UnconfiguredError with the reason."""
-        searxng_url = (self.valves.SEARXNG_URL or "").strip()
-        ow = _import_openwebui() if request is not None and not searxng_url else None
-        if ow is None:
-            if not searxng_url:
-                raise _UnconfiguredError(NO_BACKEND_TEXT)
-            endpoint = _searxng_endpoint(searxng_url)
-            if endpoint is None:
-                raise _UnconfiguredError(BAD_SEARXNG_URL_TEXT)
-            return lambda client, q, n: _searxng_search(client, endpoint, q, n)
-        settings = await _openwebui_settings(ow, request)
-        if not settings["enabled"]:
-            raise _UnconfiguredError(DISABLED_TEXT)
-        engine = (self.valves.SEARCH_ENGINE or "").strip() or settings["engine"]
-        if not engine:
-            raise _UnconfiguredError(UNCONFIGURED_TEXT)
-        owui_user = _owui_user(ow, user)
 
-        async def run(_client: httpx.AsyncClient, q: str, count: int) -> list[_Hit]:
-            config = settings["config"]
-            if config is not None:
-                config = {**config, "web.search.result_count": count}
-            results = await _openwebui_search(
-                ow, request, engine, q, owui_user, config=config
-            )
-            hits = (
-                _make_hit(_field(r, "title"), _field(r, "link"), _field(r, "snippet"))
-                for r in results
-            )
-            return [hit for hit in hits if hit][:count]
+# Open WebUI 0.6 offers every callable attribute of `Tools` not named `__*` as a
+# tool (private `_x` methods included, which then fail its spec builder), so
+# the class holds the tool method only and its helpers live here.
 
-        return run
 
-    async def _run_all(
-        self,
-        queries: list[str],
-        backend: Backend,
-        emitter: Emitter | None,
-    ) -> list[_Outcome]:
-        """Run the queries concurrently (bounded); outcomes in query order."""
-        gate = asyncio.Semaphore(_positive(self.valves.CONCURRENT_QUERIES, 5))
-        count = _positive(self.valves.RESULTS_PER_QUERY, 10)
-        timeout = float(self.valves.QUERY_TIMEOUT_SECONDS or 0)
-        timeout = timeout if timeout > 0 else 30.0
+async def _backend(tool: "Tools", request: Any, user: dict | None) -> Backend:
+    """Pick SearXNG or Open WebUI; raise _UnconfiguredError with the reason."""
+    searxng_url = (tool.valves.SEARXNG_URL or "").strip()
+    ow = _import_openwebui() if request is not None and not searxng_url else None
+    if ow is None:
+        if not searxng_url:
+            raise _UnconfiguredError(NO_BACKEND_TEXT)
+        endpoint = _searxng_endpoint(searxng_url)
+        if endpoint is None:
+            raise _UnconfiguredError(BAD_SEARXNG_URL_TEXT)
+        return lambda client, q, n: _searxng_search(client, endpoint, q, n)
+    settings = await _openwebui_settings(ow, request)
+    if not settings["enabled"]:
+        raise _UnconfiguredError(DISABLED_TEXT)
+    engine = (tool.valves.SEARCH_ENGINE or "").strip() or settings["engine"]
+    if not engine:
+        raise _UnconfiguredError(UNCONFIGURED_TEXT)
+    owui_user = _owui_user(ow, user)
 
-        async def one(client: httpx.AsyncClient, q: str) -> _Outcome:
-            async with gate:
-                outcome = await _run_query(client, backend, q, count, timeout)
-            await _report(emitter, q, outcome)
-            return outcome
+    async def run(_client: httpx.AsyncClient, q: str, count: int) -> list[_Hit]:
+        config = settings["config"]
+        if config is not None:
+            config = {**config, "web.search.result_count": count}
+        results = await _openwebui_search(
+            ow, request, engine, q, owui_user, config=config
+        )
+        hits = (
+            _make_hit(_field(r, "title"), _field(r, "link"), _field(r, "snippet"))
+            for r in results
+        )
+        return [hit for hit in hits if hit][:count]
 
-        verify = await _ssl_context()
-        async with httpx.AsyncClient(
-            timeout=timeout, follow_redirects=True, verify=verify
-        ) as client:
-            return list(await asyncio.gather(*(one(client, q) for q in queries)))
+    return run
+
+
+async def _run_all(
+    tool: "Tools",
+    queries: list[str],
+    backend: Backend,
+    emitter: Emitter | None,
+) -> list[_Outcome]:
+    """Run the queries concurrently (bounded); outcomes in query order."""
+    gate = asyncio.Semaphore(_positive(tool.valves.CONCURRENT_QUERIES, 5))
+    count = _positive(tool.valves.RESULTS_PER_QUERY, 10)
+    timeout = float(tool.valves.QUERY_TIMEOUT_SECONDS or 0)
+    timeout = timeout if timeout > 0 else 30.0
+
+    async def one(client: httpx.AsyncClient, q: str) -> _Outcome:
+        async with gate:
+            outcome = await _run_query(client, backend, q, count, timeout)
+        await _report(emitter, q, outcome)
+        return outcome
+
+    verify = await _ssl_context()
+    async with httpx.AsyncClient(
+        timeout=timeout, follow_redirects=True, verify=verify
+    ) as client:
+        return list(await asyncio.gather(*(one(client, q) for q in queries)))
 
 
 def _owui_user(ow: SimpleNamespace, user: dict | None) -> Any:

@@ -6,7 +6,7 @@ author_url: https://github.com/tongyi-deepresearch-openwebui/tongyi-deepresearch
 version: 0.1.0
 license: MIT
 description: Read web pages and PDFs safely; extract what matters for a goal.
-requirements: httpx, pypdf
+requirements:
 required_open_webui_version: 0.6.0
 """  # noqa: D205, D212, D415  (Open WebUI frontmatter, not prose)
 
@@ -1661,7 +1661,7 @@ class Tools:
         for item in kept:  # the same URL twice in one call is read once
             key = _normalize_url(item)
             if key not in tasks:
-                tasks[key] = asyncio.create_task(self._visit_one(item, ctx))
+                tasks[key] = asyncio.create_task(_visit_one(item, ctx))
         await asyncio.gather(*tasks.values(), return_exceptions=True)
         outcomes = {key: _task_outcome(task) for key, task in tasks.items()}
         blocks = []
@@ -1680,62 +1680,70 @@ class Tools:
         )
         return text.strip()
 
-    async def _visit_one(self, url: str, ctx: "_CallContext") -> _Outcome:
-        """Read and extract one URL; every failure becomes a failed outcome."""
-        reason = ""
-        try:
-            async with ctx.semaphore, asyncio.timeout(ctx.valves.URL_TIMEOUT_SECONDS):
-                await _emit(ctx.emitter, _status(f"Reading: {url}"))
-                page = await self._get_page(url, ctx)
-                outcome = await _extract(page, ctx.goal, ctx.valves)
-            if outcome.kind != "failed":
-                await _emit(ctx.emitter, _source_event(url, ctx.goal, outcome))
-                return outcome
-            reason = outcome.reason
-        except _RefusedError as exc:
-            reason = f"refused: {exc}"
-        except _PageError as exc:
-            reason = str(exc)
-        except TimeoutError:
-            reason = "timed out"
-        except Exception as exc:  # one bad URL never fails the batch
-            log.exception("visit failed for %s", url)
-            reason = f"unexpected error ({type(exc).__name__})"
-        log.info("visit: could not read %s: %s", url, reason)
-        await _emit(ctx.emitter, _status(f"Could not read {url}: {reason}"))
-        return _Outcome("failed", reason=reason)
 
-    async def _get_page(self, url: str, ctx: "_CallContext") -> _Page:
-        """Safety check first, then the chat's cache, then a loader."""
-        valves = ctx.valves
-        target = await _check_url(url, valves.ALLOW_PRIVATE_URLS)
-        key = (ctx.chat_id, target.url)
-        use_cache = bool(ctx.chat_id) and valves.CACHE_TTL_SECONDS > 0
-        cached = _PAGE_CACHE.get(key, valves.CACHE_TTL_SECONDS) if use_cache else None
-        if cached is not None:
-            return cached
-        async with asyncio.timeout(valves.PAGE_TIMEOUT_SECONDS):
-            page = await self._load(target, ctx)
-        if use_cache:
-            _PAGE_CACHE.put(key, page)
-        return page
+# Open WebUI 0.6 offers every callable attribute of `Tools` not named `__*` as a
+# tool (private `_x` methods included, which then fail its spec builder), so
+# the class holds the tool method only and its helpers live here.
 
-    async def _load(self, target: _Target, ctx: "_CallContext") -> _Page:
-        """Open WebUI's loader when inside Open WebUI, else (or as fallback) builtin."""
-        valves = ctx.valves
-        if valves.PAGE_LOADER != "builtin" and ctx.request is not None:
-            page = await _load_with_openwebui(ctx.request, target.url)
-            if page is not None:
-                return await asyncio.to_thread(_fitted, page, valves.MAX_PAGE_TOKENS)
-            if valves.PAGE_LOADER == "openwebui":
-                raise _PageError("Open WebUI's page loader returned nothing")
-        try:
-            raw = await _fetch_builtin(target, valves)
-        except httpx.TimeoutException as exc:
-            raise _PageError("timed out") from exc
-        except httpx.HTTPError as exc:
-            raise _PageError(f"network error ({type(exc).__name__})") from exc
-        return await _convert_page(raw, valves.MAX_PAGE_TOKENS)
+
+async def _visit_one(url: str, ctx: "_CallContext") -> _Outcome:
+    """Read and extract one URL; every failure becomes a failed outcome."""
+    reason = ""
+    try:
+        async with ctx.semaphore, asyncio.timeout(ctx.valves.URL_TIMEOUT_SECONDS):
+            await _emit(ctx.emitter, _status(f"Reading: {url}"))
+            page = await _get_page(url, ctx)
+            outcome = await _extract(page, ctx.goal, ctx.valves)
+        if outcome.kind != "failed":
+            await _emit(ctx.emitter, _source_event(url, ctx.goal, outcome))
+            return outcome
+        reason = outcome.reason
+    except _RefusedError as exc:
+        reason = f"refused: {exc}"
+    except _PageError as exc:
+        reason = str(exc)
+    except TimeoutError:
+        reason = "timed out"
+    except Exception as exc:  # one bad URL never fails the batch
+        log.exception("visit failed for %s", url)
+        reason = f"unexpected error ({type(exc).__name__})"
+    log.info("visit: could not read %s: %s", url, reason)
+    await _emit(ctx.emitter, _status(f"Could not read {url}: {reason}"))
+    return _Outcome("failed", reason=reason)
+
+
+async def _get_page(url: str, ctx: "_CallContext") -> _Page:
+    """Safety check first, then the chat's cache, then a loader."""
+    valves = ctx.valves
+    target = await _check_url(url, valves.ALLOW_PRIVATE_URLS)
+    key = (ctx.chat_id, target.url)
+    use_cache = bool(ctx.chat_id) and valves.CACHE_TTL_SECONDS > 0
+    cached = _PAGE_CACHE.get(key, valves.CACHE_TTL_SECONDS) if use_cache else None
+    if cached is not None:
+        return cached
+    async with asyncio.timeout(valves.PAGE_TIMEOUT_SECONDS):
+        page = await _load(target, ctx)
+    if use_cache:
+        _PAGE_CACHE.put(key, page)
+    return page
+
+
+async def _load(target: _Target, ctx: "_CallContext") -> _Page:
+    """Open WebUI's loader when inside Open WebUI, else (or as fallback) builtin."""
+    valves = ctx.valves
+    if valves.PAGE_LOADER != "builtin" and ctx.request is not None:
+        page = await _load_with_openwebui(ctx.request, target.url)
+        if page is not None:
+            return await asyncio.to_thread(_fitted, page, valves.MAX_PAGE_TOKENS)
+        if valves.PAGE_LOADER == "openwebui":
+            raise _PageError("Open WebUI's page loader returned nothing")
+    try:
+        raw = await _fetch_builtin(target, valves)
+    except httpx.TimeoutException as exc:
+        raise _PageError("timed out") from exc
+    except httpx.HTTPError as exc:
+        raise _PageError(f"network error ({type(exc).__name__})") from exc
+    return await _convert_page(raw, valves.MAX_PAGE_TOKENS)
 
 
 def _task_outcome(task: "asyncio.Task[_Outcome]") -> _Outcome:
