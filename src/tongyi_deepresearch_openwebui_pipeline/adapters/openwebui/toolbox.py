@@ -49,7 +49,6 @@ TOOL_MODULES: dict[str, ToolModule] = {
 # Extra ways to find a Tools class (Open WebUI's registry), set by the adapter
 # that knows the running Open WebUI; each returns the class or None.
 RegistryLookup = Callable[[ToolModule], Awaitable[type | None]]
-ValvesLookup = Callable[[ToolModule], Awaitable[dict[str, Any]]]
 Handler = Callable[[ToolCall], Awaitable[ToolOutcome]]
 
 
