@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
+from tongyi_deepresearch_openwebui_pipeline.adapters import model_client
 from tongyi_deepresearch_openwebui_pipeline.adapters.model_client import (
     STOP_SEQUENCES,
     ModelSettings,
@@ -301,6 +302,7 @@ def test_odd_payload_shapes_never_crash(payloads):
 
 
 async def test_served_context_is_read_from_the_model_list():
+    model_client._CONTEXT_CACHE.clear()
     with FakeOpenAI(max_model_len=16384) as fake:
         async with httpx.AsyncClient() as http:
             settings = ModelSettings(base_url=fake.base_url, model=fake.model)
@@ -312,3 +314,15 @@ async def test_served_context_is_read_from_the_model_list():
         url = fake.base_url
     async with httpx.AsyncClient() as http:  # the server is gone
         assert await served_context_tokens(http, ModelSettings(url, "m")) == 0
+
+
+async def test_served_context_is_cached_per_endpoint_and_model():
+    model_client._CONTEXT_CACHE.clear()
+    with FakeOpenAI(max_model_len=32768) as fake:
+        settings = ModelSettings(base_url=fake.base_url, model=fake.model)
+        async with httpx.AsyncClient() as http:
+            first = await served_context_tokens(http, settings)
+            second = await served_context_tokens(http, settings)
+        listings = [r for r in fake.requests if r.path == "/v1/models"]
+    assert first == second == 32768
+    assert len(listings) == 1

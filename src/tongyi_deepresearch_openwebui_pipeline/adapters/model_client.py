@@ -28,6 +28,7 @@ import logging
 import math
 import random
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,6 +171,10 @@ async def shared_ssl_context() -> ssl.SSLContext:
 
 
 _CONTEXT_FIELDS = ("max_model_len", "context_length", "context_window", "n_ctx")
+# (base URL, model) -> (monotonic time, tokens): a hosted provider's model list
+# can be megabytes, and it rarely changes, so it is read at most every 10 min.
+_CONTEXT_CACHE: dict[tuple[str, str], tuple[float, int]] = {}
+_CONTEXT_CACHE_SECONDS = 600.0
 
 
 async def served_context_tokens(
@@ -182,6 +187,16 @@ async def served_context_tokens(
     serve far less than the model's 128K, and the research budget must fit
     what is actually served. Any failure means "unknown": never an error.
     """
+    key = (settings.base_url, settings.model)
+    cached = _CONTEXT_CACHE.get(key)
+    if cached and time.monotonic() - cached[0] < _CONTEXT_CACHE_SECONDS:
+        return cached[1]
+    tokens = await _read_served_context(http, settings)
+    _CONTEXT_CACHE[key] = (time.monotonic(), tokens)
+    return tokens
+
+
+async def _read_served_context(http: httpx.AsyncClient, settings: ModelSettings) -> int:
     headers = (
         {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
     )
