@@ -72,17 +72,6 @@ def openwebui_frontmatter(content: str) -> dict[str, str]:
     return result
 
 
-def frontmatter_lines(content: str) -> list[str]:
-    """The raw lines between the opening and the closing triple quote."""
-    lines = content.splitlines()
-    block = []
-    for line in lines[1:]:
-        if '"""' in line:
-            break
-        block.append(line)
-    return block
-
-
 def openwebui_replace_imports(content: str) -> str:
     """What Open WebUI's `replace_imports` does to a source before running it."""
     for prefix in REPLACED_IMPORT_PREFIXES:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +27,6 @@ from tests.packaging_support import (
     TOOL_FILES,
     TOOLS_DIR,
     editor_ids,
-    frontmatter_lines,
     load_script,
     openwebui_frontmatter,
     openwebui_replace_imports,
@@ -36,17 +34,10 @@ from tests.packaging_support import (
     run_probe,
 )
 
-REQUIRED_KEYS = {
-    "id",
-    "title",
-    "author",
-    "author_url",
-    "version",
-    "license",
-    "description",
-    "required_open_webui_version",
-}
-KNOWN_KEYS = REQUIRED_KEYS | {"requirements", "funding_url"}
+# The release build's own rules for pasted files; they are tested on bad input
+# in tests/test_release_scripts.py, and here on every file that ships.
+BUILD_RELEASE = load_script("build_release")
+REQUIRED_KEYS = BUILD_RELEASE.REQUIRED_KEYS
 
 # Every source Open WebUI loads from text: the four root files and the package
 # tool modules they are copied from.
@@ -127,21 +118,9 @@ def test_frontmatter_is_complete_and_single_line(path):
     assert content.splitlines()[0] == '"""', "first line must be a bare triple quote"
     meta = openwebui_frontmatter(content)
     assert meta.keys() >= REQUIRED_KEYS, f"missing {REQUIRED_KEYS - meta.keys()}"
-    keys_seen = []
-    for line in frontmatter_lines(content):
-        if not line.strip():
-            continue
-        # Anything else (a prose line, an indented continuation, a YAML block)
-        # is either dropped or turned into a bogus key by Open WebUI.
-        match = re.fullmatch(r"([a-z_]+):(?: (\S.*))?", line.rstrip())
-        assert match, f"not a single-line `key: value`: {line!r}"
-        assert match.group(1) in KNOWN_KEYS, f"unknown key {match.group(1)!r}"
-        value = match.group(2)
-        # Only `requirements:` may be empty (nothing for Open WebUI to install).
-        assert value is not None or match.group(1) == "requirements", line
-        assert (value or "").strip() not in {">", "|", ">-", "|-"}
-        keys_seen.append(match.group(1))
-    assert len(keys_seen) == len(set(keys_seen)), f"duplicate keys in {keys_seen}"
+    # Anything but single-line `key: value` (a prose line, an indented
+    # continuation, a YAML block) is dropped or misread by Open WebUI.
+    assert BUILD_RELEASE.frontmatter_problems(content, project_version()) == []
 
 
 @pytest.mark.parametrize("path", PASTED_SOURCES, ids=_relative)

@@ -216,6 +216,24 @@ def test_frontmatter_problems_flags_what_open_webui_would_misread():
     assert "block scalar" in problems
 
 
+def test_frontmatter_problems_allow_only_requirements_to_be_empty():
+    head = (
+        '"""\nid: x\ntitle: X\nauthor: a\nauthor_url: u\nversion: 0.0.1\n'
+        "license: MIT\ndescription: d\nrequired_open_webui_version: 0.6.0\n"
+    )
+    assert (
+        build_release.frontmatter_problems(head + 'requirements:\n"""\n', "0.0.1") == []
+    )
+    problems = "\n".join(
+        build_release.frontmatter_problems(
+            head + 'funding_url:\nnickname: n\nid: y\n"""\n', "0.0.1"
+        )
+    )
+    assert "'funding_url:'" in problems
+    assert "unknown frontmatter key 'nickname'" in problems
+    assert "duplicate frontmatter key 'id'" in problems
+
+
 def test_build_refuses_a_tag_that_is_not_the_version(tmp_path):
     completed = subprocess.run(
         [
