@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core.events import ToolOutcome
+from ...core.history import ContextSource
 from ...core.toolcalls import ToolCall
 from . import compat
 from .toolbox import Handler
@@ -273,3 +274,82 @@ def build_parse_file_handler(
         return await parse_files(requested, attachments, user, max_chars_per_file)
 
     return parse_file
+
+
+# -- context Open WebUI injected (RAG) -------------------------------------------------
+#
+# `core.history.remove_injected_context` takes Open WebUI's RAG template out of
+# the question; what it carried is handed to the model the protocol's way:
+# attached files are read with parse_file anyway, other retrieved text
+# (knowledge collections) becomes a file parse_file can read, and pages Open
+# WebUI's web search found are named by URL so the model can visit them.
+
+#: Name of retrieved text whose source has no name.
+CONTEXT_FILE_NAME = "retrieved_context.txt"
+_URL_KEYS = ("url", "source", "name")
+
+
+def _is_url(value: str) -> bool:
+    return value.startswith(("http://", "https://")) and " " not in value
+
+
+def _web_search_entries(files: Iterable[Any] | None) -> list[Mapping[str, Any]]:
+    return [
+        item
+        for item in files or []
+        if isinstance(item, Mapping) and item.get("type") == "web_search"
+    ]
+
+
+def _source_urls(source: ContextSource) -> list[str]:
+    values = [source.attributes.get(key, "") for key in _URL_KEYS]
+    return [value for value in values if _is_url(value)][:1]
+
+
+def _is_web_result(
+    source: ContextSource, searches: Sequence[Mapping[str, Any]]
+) -> bool:
+    if source.attributes.get("resource-type") == "web_search":
+        return True
+    if _source_urls(source):
+        return True
+    return any(source.name and source.name == s.get("name") for s in searches)
+
+
+def context_handover(
+    sources: Sequence[ContextSource], files: Iterable[Any] | None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """What injected sources become: (extra ``__files__`` entries, web page URLs).
+
+    Sources that are attached files are dropped (parse_file reads the file
+    itself); web-search results give their URLs; everything else (knowledge)
+    is joined per name into one text file for parse_file.
+    """
+    files = list(files or [])
+    attached = {file.name for file in attached_files(files)}
+    searches = _web_search_entries(files)
+    urls: list[str] = [
+        str(url) for search in searches for url in search.get("urls") or []
+    ]
+    texts: dict[str, list[str]] = {}
+    for source in sources:
+        if source.name in attached:
+            continue
+        if _is_web_result(source, searches):
+            urls.extend(_source_urls(source))
+            continue
+        if source.text:
+            texts.setdefault(source.name or CONTEXT_FILE_NAME, []).append(source.text)
+    extra = [
+        {"type": "text", "name": name, "content": "\n\n".join(parts)}
+        for name, parts in texts.items()
+        if name not in attached
+    ]
+    return extra, [url for url in dict.fromkeys(urls) if _is_url(url)]
+
+
+def web_results_note(urls: Sequence[str]) -> str:
+    """A line naming the pages Open WebUI's web search found (empty when none)."""
+    if not urls:
+        return ""
+    return f"(Open WebUI's web search found these pages: {list(urls)!r})\n\n"
