@@ -34,6 +34,8 @@ from ..adapters.openwebui.code import build_python_handler
 from ..adapters.openwebui.emitter import EventRelay, SafeEmitter
 from ..adapters.openwebui.files import (
     build_parse_file_handler,
+    context_handover,
+    web_results_note,
     with_uploaded_files_note,
 )
 from ..adapters.openwebui.registry import (
@@ -49,11 +51,17 @@ from ..adapters.openwebui.toolbox import (
     ToolContext,
     ToolResolver,
 )
-from ..core.history import split_conversation
+from ..core.history import remove_injected_context, split_conversation
 from ..core.loop import Limits, ResearchLoop, RunState
 from ..core.prompts import build_system_prompt
 from ..core.sources import SourceLedger
-from ..core.tasks import task_reply
+from ..core.tasks import (
+    final_reply_text,
+    is_kept_task,
+    plain_model_reply,
+    task_messages,
+    task_reply,
+)
 
 log = logging.getLogger(__name__)
 
@@ -284,9 +292,9 @@ class Pipe:
     ) -> AsyncIterator[str]:
         """Answer one chat turn by researching, streaming every step."""
         if __task__:
-            yield task_reply(__task__, body)
+            yield await self._task(__task__, body)
             return
-        async for text in self._turn(
+        turn = self._turn(
             body,
             user=__user__,
             request=__request__,
@@ -294,11 +302,35 @@ class Pipe:
             files=__files__,
             metadata=__metadata__,
             chat_id=__chat_id__,
-        ):
+        )
+        if not _streamed(body):
+            # API callers asking for one reply get the answer and its sources,
+            # without the live-only markup (see `_display`), in one piece.
+            yield final_reply_text([text async for text in turn])
+            return
+        async for text in turn:
             yield text
         if body.get("stream") and not await compat.host_ends_async_streams():
             for line in compat.stream_end(str(body.get("model") or "")):
                 yield line
+
+    async def _task(self, task: str, body: dict[str, Any]) -> str:
+        """The reply to one background task: instant, or one plain model call."""
+        if not is_kept_task(task):
+            return task_reply(task, body)
+        try:
+            api_key = secrets.decrypt(self.valves.API_KEY)
+        except secrets.SecretError as error:
+            log.warning("cannot answer the %s task: %s", task, error)
+            return ""
+        settings = _model_settings(self.valves, api_key)
+        async with httpx.AsyncClient(
+            verify=await shared_ssl_context(),
+            headers={"User-Agent": f"tongyi-deepresearch-openwebui/{__version__}"},
+        ) as http:
+            return await plain_model_reply(
+                OpenAIModelClient(settings, http), task_messages(body), task
+            )
 
     async def _turn(
         self,
@@ -364,11 +396,14 @@ class Pipe:
             emit,
             ledger,
             Display(
-                thinking=bool(show_thinking),
-                tool_cards=valves.SHOW_TOOL_CARDS,
-                summary=valves.SHOW_RESEARCH_SUMMARY,
+                thinking=bool(show_thinking) and _streamed(body),
+                tool_cards=valves.SHOW_TOOL_CARDS and _streamed(body),
+                summary=valves.SHOW_RESEARCH_SUMMARY and _streamed(body),
                 usage=valves.SHOW_COST_TRACKING,
             ),
+        )
+        messages, files, web_urls = await _without_injected_context(
+            body, request, metadata, files
         )
         toolbox = await self._toolbox(
             valves,
@@ -379,15 +414,16 @@ class Pipe:
             relay=EventRelay(emit, ledger),
             files=files,
         )
-        system_extra, turns = split_conversation(body.get("messages") or [])
+        system_extra, turns = split_conversation(messages)
         if not turns or turns[-1]["role"] != "user":
             await emit.status("Nothing to research", done=True)
             yield "Please ask a question to start the research."
             return
+        question = web_results_note(web_urls) + turns[-1]["content"]
         if "parse_file" in toolbox.available():
             # The model expects "(Uploaded 1 file: ['a.txt'])\n\n" before the question.
-            question = with_uploaded_files_note(turns[-1]["content"], files)
-            turns[-1] = {"role": "user", "content": question}
+            question = with_uploaded_files_note(question, files)
+        turns[-1] = {"role": "user", "content": question}
         preamble = "\n\n".join(
             p for p in (valves.SYSTEM_PROMPT_PREAMBLE.strip(), system_extra) if p
         )
@@ -485,6 +521,36 @@ def _model_settings(valves: Pipe.Valves, api_key: str) -> ModelSettings:
         timeout_seconds=valves.REQUEST_TIMEOUT_SECONDS,
         max_attempts=valves.MAX_RETRIES,
     )
+
+
+def _streamed(body: dict[str, Any]) -> bool:
+    """Whether the caller reads the reply as a stream (Open WebUI's UI always does)."""
+    return body.get("stream") is not False
+
+
+async def _without_injected_context(
+    body: dict[str, Any],
+    request: Any,
+    metadata: dict[str, Any] | None,
+    files: list[dict[str, Any]] | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """The chat without Open WebUI's RAG template: (messages, files, web URLs).
+
+    What the template carried goes to the model the protocol's way: retrieved
+    text as files for parse_file, web-search results as URLs to visit.
+    """
+    template = await compat.get_config(request, "rag.template", "RAG_TEMPLATE", "")
+    metadata = metadata or {}
+    # The user's own last message, kept before the rewrite (0.12: base_user_prompt,
+    # 0.8 – 0.11: user_prompt; 0.6 keeps none).
+    prompt = metadata.get("base_user_prompt") or metadata.get("user_prompt")
+    messages, sources = remove_injected_context(
+        body.get("messages") or [],
+        [template] if isinstance(template, str) else [],
+        prompt if isinstance(prompt, str) else None,
+    )
+    extra, urls = context_handover(sources, files)
+    return messages, [*(files or []), *extra], urls
 
 
 def _today(metadata: dict[str, Any] | None) -> dt.date:
