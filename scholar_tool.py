@@ -38,7 +38,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 from xml.parsers import expat
 
@@ -455,7 +455,7 @@ def _parse_feed(body: bytes) -> ET.Element:
     builder = ET.TreeBuilder()
     parser = expat.ParserCreate(namespace_separator="}")
 
-    def refuse(*_args: Any) -> None:
+    def refuse(*_args: Any) -> NoReturn:
         raise _UnsafeXMLError("XML with a document type declaration refused")
 
     parser.StartDoctypeDeclHandler = refuse
@@ -886,7 +886,9 @@ class Tools:
             default="",
             description="Use this SearXNG instance (e.g. http://searxng:8080/search, "
             "JSON format enabled) for the 'web' backend and the fallback instead of "
-            "Open WebUI's engine. Needed for web results outside Open WebUI.",
+            "Open WebUI's engine. Needed for web results outside Open WebUI. "
+            "Credentials written into it (http://user:password@host/search) are "
+            "sent as Basic auth to that host only and never shown or logged.",
         )
 
     def __init__(self) -> None:

@@ -270,7 +270,7 @@ def _hits(results: list, count: int, fields: Callable[[Any], tuple]) -> list[_Hi
 
 def _format_date(value: Any) -> str:
     """'May 19, 2025' like Google's result dates; unknown formats kept as text."""
-    text = _clean(value)
+    text = " ".join(_clean(value).split())  # a line break would forge a line
     if not text or len(text) > DATE_CHARS:
         return ""
     try:
@@ -657,7 +657,9 @@ class Tools:
             default="",
             description="Search a SearXNG instance directly instead of Open WebUI's "
             "engine, e.g. http://searxng:8080/search (JSON format must be enabled "
-            "in SearXNG). Needed when the tool runs outside Open WebUI.",
+            "in SearXNG). Needed when the tool runs outside Open WebUI. Credentials "
+            "written into it (http://user:password@host/search) are sent as Basic "
+            "auth to that host only and never shown or logged.",
         )
 
     def __init__(self) -> None:
