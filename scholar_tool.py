@@ -29,23 +29,21 @@ import asyncio
 import inspect
 import json
 import logging
+import math
 import re
 import ssl
 import threading
 import xml.etree.ElementTree as ET
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, NoReturn, TypeVar
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
+from xml.parsers import expat
 
 import httpx
 from pydantic import BaseModel, Field
-
-try:  # Open WebUI ships defusedxml; outside it the guard in _parse_xml applies.
-    from defusedxml.ElementTree import fromstring as _defused_fromstring
-except ImportError:  # pragma: no cover - depends on the environment
-    _defused_fromstring = None
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +102,20 @@ NO_WEB_TEXT = (
     "Web search is not available to the google_scholar tool: it is running "
     "outside Open WebUI and its SEARXNG_URL valve is empty."
 )
+# Backend answers are untrusted: at most this many bytes are read, counted on
+# the wire and again after decompression.
 MAX_RESPONSE_BYTES = 5_000_000
+# Larger answers are parsed in a worker thread: parsing a few MB of JSON or XML
+# and picking its records would hold the event loop for tenths of a second.
+INLINE_PARSE_BYTES = 200_000
+# Only the encodings `_Inflater` decodes with a bound (httpx would also offer
+# br/zstd when those packages are installed, decoded without a bound).
+ACCEPT_ENCODING = "gzip, deflate"
+MAX_URL_CHARS = 2_000
 SNIPPET_CHARS = 300
+WEB_SNIPPET_CHARS = 2_000
+TITLE_CHARS = 300
+NAME_CHARS = 200
 MISSING_CONFIG = re.compile(r"^No .*found", re.IGNORECASE)
 ATOM = {"a": "http://www.w3.org/2005/Atom", "arxiv": "http://arxiv.org/schemas/atom"}
 
@@ -134,6 +144,21 @@ class _Outcome:
 
 class _BadURLError(ValueError):
     """An API URL valve is not an http(s) URL."""
+
+
+class _TooLargeError(ValueError):
+    """A backend answer over MAX_RESPONSE_BYTES, on the wire or decompressed."""
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    """A backend URL without credentials, and the credentials as Basic auth."""
+
+    url: str
+    auth: httpx.BasicAuth | None = None
+
+
+T = TypeVar("T")
 
 
 class _WebUnavailableError(Exception):
@@ -194,10 +219,59 @@ def _dig(data: Any, *keys: str) -> Any:
     return data
 
 
+def _list(value: Any) -> list:
+    """A list from a backend field ([] for anything else)."""
+    return value if isinstance(value, list) else []
+
+
+_NOT_IN_URL = re.compile(r"[\s\x00-\x1f\x7f]")
+
+
+def _link(value: Any) -> str:
+    """An http(s) URL from a backend, or '' when it is not one a reader could open.
+
+    Links are untrusted: anything else (a `javascript:` link, an unparsable
+    host such as `http://[::1`, a line break that would forge a result line)
+    would reach the model as a citation and the user's browser as a source.
+    """
+    url = value.strip() if isinstance(value, str) else ""
+    if not url or len(url) > MAX_URL_CHARS or _NOT_IN_URL.search(url):
+        return ""
+    try:
+        parts = urlsplit(url)
+        host, _port = parts.hostname, parts.port  # both raise on malformed hosts
+    except ValueError:
+        return ""
+    return url if parts.scheme.lower() in {"http", "https"} and host else ""
+
+
+def _first_link(*candidates: Any) -> str:
+    """The first candidate that is a valid link ('' if none is)."""
+    return next((url for url in map(_link, candidates) if url), "")
+
+
+def _year(value: Any) -> str:
+    """A four-digit year from an int or a date-like string ('' otherwise)."""
+    if isinstance(value, bool):
+        return ""
+    if isinstance(value, int):
+        return str(value) if 1000 <= value <= 9999 else ""
+    found = re.match(r"[0-9]{4}", value.strip()) if isinstance(value, str) else None
+    return found.group(0) if found else ""
+
+
+def _count(value: Any) -> int:
+    """A citation count (0 for anything but a sensible positive integer)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return 0
+    return value if 0 < value < 10**15 else 0
+
+
 def _publication_info(authors: list[str], venue: str, year: str) -> str:
     """'A One, B Two, C Three… - Venue, 2017', like Google Scholar's line."""
     names = [a for a in authors if a]
-    who = ", ".join(names[:3]) + ("…" if len(names) > 3 else "")
+    who = ", ".join(_shorten(a, NAME_CHARS) for a in names[:3])
+    who += "…" if len(names) > 3 else ""
     where = ", ".join(part for part in (venue, year) if part)
     return " - ".join(part for part in (who, where) if part)
 
@@ -214,16 +288,15 @@ def _paper(
     abstract: Any = "",
 ) -> _Paper:
     """A record from raw API values (any of them may be missing or malformed)."""
-    found = re.match(r"\d{4}", str(year or ""))
-    year_text = found.group(0) if found else ""
+    year_text = _year(year)
     names = [_text(a) for a in authors or []]
     return _Paper(
-        title=_text(title),
-        pdf=_text(pdf),
-        page=_text(page),
-        info=_publication_info(names, _text(venue), year_text),
+        title=_shorten(title, TITLE_CHARS),
+        pdf=_link(pdf),
+        page=_link(page),
+        info=_publication_info(names, _shorten(venue, NAME_CHARS), year_text),
         year=year_text,
-        cited_by=cited if isinstance(cited, int) and cited > 0 else 0,
+        cited_by=_count(cited),
         snippet=_shorten(abstract),
     )
 
@@ -234,44 +307,236 @@ def _abstract(index: Any) -> str:
         return ""
     words: dict[int, str] = {}
     for word, places in index.items():
-        for place in places if isinstance(places, list) else []:
+        for place in _list(places) if isinstance(word, str) else []:
             if isinstance(place, int) and 0 <= place < 5000:
                 words[place] = word
     return " ".join(words[i] for i in sorted(words))
 
 
-def _base_url(url: str) -> str:
-    """An admin-set API URL, checked to be http(s)."""
-    parts = urlsplit((url or "").strip())
-    if parts.scheme not in {"http", "https"} or not parts.hostname:
+def _split_credentials(parts: SplitResult) -> tuple[str, httpx.BasicAuth | None]:
+    """The host part without `user:password@`, and those as Basic auth.
+
+    httpx logs every request URL at INFO and its errors quote it, so
+    credentials written into a valve URL must not stay in the URL.
+    """
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at:
+        return parts.netloc, None
+    user, _, password = userinfo.partition(":")
+    return host, httpx.BasicAuth(unquote(user), unquote(password))
+
+
+def _endpoint(url: str, *, default_path: str = "") -> _Endpoint | None:
+    """An admin-set http(s) URL without query and credentials (None if invalid)."""
+    try:
+        parts = urlsplit((url or "").strip())
+        valid = parts.scheme in {"http", "https"} and bool(parts.hostname)
+        _port = parts.port  # raises on a malformed port
+    except ValueError:
+        return None
+    if not valid:
+        return None
+    host, auth = _split_credentials(parts)
+    path = parts.path.rstrip("/") or default_path
+    return _Endpoint(urlunsplit((parts.scheme, host, path, "", "")), auth)
+
+
+def _base_url(url: str, suffix: str = "") -> _Endpoint:
+    """An API URL valve plus `suffix`; _BadURLError when it is not http(s)."""
+    endpoint = _endpoint(url)
+    if endpoint is None:
         raise _BadURLError
-    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+    return _Endpoint(endpoint.url + suffix, endpoint.auth)
 
 
-async def _get(client: httpx.AsyncClient, url: str, params: dict) -> bytes:
-    """GET a body, refusing oversized answers."""
-    async with client.stream("GET", url, params=params) as response:
-        response.raise_for_status()
-        body = bytearray()
-        async for chunk in response.aiter_bytes():
-            body += chunk
-            if len(body) > MAX_RESPONSE_BYTES:
-                raise ValueError("response too large")
+class _Inflater:
+    """Bounded gzip/deflate decoding of a body (identity passes through).
+
+    Unlike httpx's decoders, it never inflates more than the room left under
+    the size cap (a 64 kB chunk can inflate to 64 MB) and refuses data after
+    the end of the compressed stream instead of silently reading on.
+    """
+
+    def __init__(self, content_encoding: str) -> None:
+        """Prepare for the answer's Content-Encoding (ValueError if unsupported)."""
+        encoding = content_encoding.strip().lower()
+        if encoding in {"", "identity"}:
+            self._wbits = 0
+        elif encoding in {"gzip", "x-gzip"}:
+            self._wbits = zlib.MAX_WBITS | 16
+        elif encoding == "deflate":
+            self._wbits = zlib.MAX_WBITS  # zlib-wrapped; raw deflate as fallback
+        else:
+            raise ValueError("unsupported content encoding")
+        self._engine = zlib.decompressobj(self._wbits) if self._wbits else None
+        self._fed = False
+
+    def feed(self, data: bytes, room: int) -> bytes:
+        """Decoded bytes of one wire chunk; _TooLargeError past `room`."""
+        if self._engine is None or not data:
+            return data
+        if self._engine.eof:
+            raise ValueError("data after the end of the compressed body")
+        try:
+            out = self._engine.decompress(data, room + 1)
+        except zlib.error:
+            if self._fed or self._wbits != zlib.MAX_WBITS:
+                raise ValueError("corrupt compressed body") from None
+            self._wbits = -zlib.MAX_WBITS  # some servers send raw deflate
+            self._engine = zlib.decompressobj(self._wbits)
+            return self.feed(data, room)
+        self._fed = True
+        if len(out) > room:
+            raise _TooLargeError
+        if self._engine.unused_data:
+            raise ValueError("data after the end of the compressed body")
+        return out
+
+    def finish(self) -> None:
+        """Refuse a compressed body that ended before its stream did."""
+        if self._engine is not None and self._fed and not self._engine.eof:
+            raise ValueError("compressed body ended early")
+
+
+async def _read_body(response: httpx.Response) -> bytes:
+    """The decoded body; _TooLargeError past the cap on the wire or decoded."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_RESPONSE_BYTES:
+        raise _TooLargeError
+    inflater = _Inflater(response.headers.get("content-encoding", ""))
+    body = bytearray()
+    received = 0
+    async for chunk in response.aiter_raw():
+        received += len(chunk)
+        if received > MAX_RESPONSE_BYTES:
+            raise _TooLargeError
+        body += inflater.feed(chunk, MAX_RESPONSE_BYTES - len(body))
+    inflater.finish()
     return bytes(body)
 
 
-def _parse_xml(body: bytes) -> ET.Element:
-    """Parse the arXiv feed without entity expansion.
+async def _get(client: httpx.AsyncClient, endpoint: _Endpoint, params: dict) -> bytes:
+    """GET a backend answer, bounded in size (see _read_body)."""
+    async with client.stream(
+        "GET",
+        endpoint.url,
+        params=params,
+        auth=endpoint.auth,
+        headers={"Accept-Encoding": ACCEPT_ENCODING},
+    ) as response:
+        response.raise_for_status()
+        return await _read_body(response)
 
-    defusedxml is used when installed (Open WebUI has it). Otherwise entities can
-    only be defined in a document type declaration, which an Atom feed never
-    has, so any document with one is refused before the stdlib parser sees it.
+
+def _parse_json(body: bytes) -> Any:
+    """A backend answer as JSON (the seam tests watch for the parsing thread)."""
+    return json.loads(body)
+
+
+class _UnsafeXMLError(ValueError):
+    """The feed has a document type declaration (where entities are defined)."""
+
+
+def _qualified(name: str) -> str:
+    """Expat's 'uri}local' name in ElementTree's '{uri}local' form."""
+    return "{" + name if "}" in name else name
+
+
+def _parse_feed(body: bytes) -> ET.Element:
+    """Parse an arXiv Atom feed; any document type declaration is refused.
+
+    Entities (billion laughs, external files, parameter entities) can only be
+    declared in a DTD, which an Atom feed never has. Expat decodes the bytes
+    itself, in whatever encoding the document declares (UTF-16, Latin-1, …),
+    and reports the declaration as a token, so no spelling or encoding can
+    hide it; the parse stops there, before any entity is declared. Stdlib
+    only: defusedxml is not in every Open WebUI environment.
     """
-    if _defused_fromstring is not None:
-        return _defused_fromstring(body)
-    if b"<!DOCTYPE" in body.upper() or b"<!ENTITY" in body.upper():
-        raise ValueError("XML with a document type declaration refused")
-    return ET.fromstring(body)  # noqa: S314  (no DTD, so no entities: see above)
+    builder = ET.TreeBuilder()
+    parser = expat.ParserCreate(namespace_separator="}")
+
+    def refuse(*_args: Any) -> NoReturn:
+        raise _UnsafeXMLError("XML with a document type declaration refused")
+
+    parser.StartDoctypeDeclHandler = refuse
+    parser.EntityDeclHandler = refuse
+    parser.ExternalEntityRefHandler = refuse
+    parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
+    parser.StartElementHandler = lambda name, attrs: builder.start(
+        _qualified(name), {_qualified(k): v for k, v in attrs.items()}
+    )
+    parser.EndElementHandler = lambda name: builder.end(_qualified(name))
+    parser.CharacterDataHandler = builder.data
+    try:
+        parser.Parse(body, True)
+        return builder.close()
+    except expat.ExpatError as exc:
+        raise ValueError(f"malformed XML: {exc}") from None
+    except AssertionError:  # TreeBuilder: an empty document
+        raise ValueError("malformed XML") from None
+
+
+async def _parse_off_loop(body: bytes, parse: Callable[[bytes], T]) -> T:
+    """Run `parse(body)`; in a worker thread when the body is large."""
+    if len(body) <= INLINE_PARSE_BYTES:
+        return parse(body)
+    return await asyncio.to_thread(parse, body)
+
+
+def _titled(papers: list[_Paper], count: int) -> list[_Paper]:
+    """The first `count` records that have a title."""
+    return [p for p in papers if p.title][:count]
+
+
+def _openalex_papers(data: Any, count: int) -> list[_Paper]:
+    """Records from an OpenAlex /works answer (any JSON value)."""
+    papers = [
+        _paper(
+            _text(_dig(work, "display_name")) or _dig(work, "title"),
+            pdf=_first_link(
+                _dig(work, "best_oa_location", "pdf_url"),
+                _dig(work, "primary_location", "pdf_url"),
+            ),
+            page=_first_link(
+                _dig(work, "primary_location", "landing_page_url"),
+                _dig(work, "doi"),
+                _dig(work, "id"),
+            ),
+            authors=[
+                _dig(a, "author", "display_name")
+                for a in _list(_dig(work, "authorships"))
+            ],
+            venue=_dig(work, "primary_location", "source", "display_name"),
+            year=_dig(work, "publication_year"),
+            cited=_dig(work, "cited_by_count"),
+            abstract=_abstract(_dig(work, "abstract_inverted_index")),
+        )
+        for work in _list(_dig(data, "results"))
+    ]
+    return _titled(papers, count)
+
+
+def _s2_papers(data: Any, count: int) -> list[_Paper]:
+    """Records from a Semantic Scholar paper search answer (any JSON value)."""
+    papers = []
+    for paper in _list(_dig(data, "data")):
+        arxiv_id = _text(_dig(paper, "externalIds", "ArXiv"))
+        papers.append(
+            _paper(
+                _dig(paper, "title"),
+                pdf=_first_link(
+                    _dig(paper, "openAccessPdf", "url"),
+                    f"https://arxiv.org/pdf/{arxiv_id}" if arxiv_id else "",
+                ),
+                page=_dig(paper, "url"),
+                authors=[_dig(a, "name") for a in _list(_dig(paper, "authors"))],
+                venue=_text(_dig(paper, "venue")) or _dig(paper, "journal", "name"),
+                year=_dig(paper, "year"),
+                cited=_dig(paper, "citationCount"),
+                abstract=_dig(paper, "abstract"),
+            )
+        )
+    return _titled(papers, count)
 
 
 async def _openalex(
@@ -281,58 +546,23 @@ async def _openalex(
     params = {"search": query, "per-page": count}
     if valves.OPENALEX_MAILTO.strip():  # OpenAlex's "polite pool"
         params["mailto"] = valves.OPENALEX_MAILTO.strip()
-    data = json.loads(
-        await _get(client, _base_url(valves.OPENALEX_URL) + "/works", params)
+    body = await _get(client, _base_url(valves.OPENALEX_URL, "/works"), params)
+    return await _parse_off_loop(
+        body, lambda data: _openalex_papers(_parse_json(data), count)
     )
-    papers = [
-        _paper(
-            _dig(work, "display_name") or _dig(work, "title"),
-            pdf=_dig(work, "best_oa_location", "pdf_url")
-            or _dig(work, "primary_location", "pdf_url"),
-            page=_dig(work, "primary_location", "landing_page_url")
-            or _dig(work, "doi")
-            or _dig(work, "id"),
-            authors=[
-                _dig(a, "author", "display_name")
-                for a in _dig(work, "authorships") or []
-            ],
-            venue=_dig(work, "primary_location", "source", "display_name"),
-            year=_dig(work, "publication_year"),
-            cited=_dig(work, "cited_by_count"),
-            abstract=_abstract(_dig(work, "abstract_inverted_index")),
-        )
-        for work in _dig(data, "results") or []
-    ]
-    return [p for p in papers if p.title][:count]
 
 
 async def _semantic_scholar(
     client: httpx.AsyncClient, valves: Any, query: str, count: int
 ) -> list[_Paper]:
     """Search Semantic Scholar's Graph API."""
-    url = _base_url(valves.SEMANTIC_SCHOLAR_URL) + "/graph/v1/paper/search"
+    api = _base_url(valves.SEMANTIC_SCHOLAR_URL, "/graph/v1/paper/search")
     fields = "title,year,authors,venue,journal,citationCount,openAccessPdf,"
     fields += "abstract,url,externalIds"
-    data = json.loads(
-        await _get(client, url, {"query": query, "limit": count, "fields": fields})
+    body = await _get(client, api, {"query": query, "limit": count, "fields": fields})
+    return await _parse_off_loop(
+        body, lambda data: _s2_papers(_parse_json(data), count)
     )
-    papers = []
-    for paper in _dig(data, "data") or []:
-        arxiv_id = _text(_dig(paper, "externalIds", "ArXiv"))
-        papers.append(
-            _paper(
-                _dig(paper, "title"),
-                pdf=_dig(paper, "openAccessPdf", "url")
-                or (f"https://arxiv.org/pdf/{arxiv_id}" if arxiv_id else ""),
-                page=_dig(paper, "url"),
-                authors=[_dig(a, "name") for a in _dig(paper, "authors") or []],
-                venue=_text(_dig(paper, "venue")) or _dig(paper, "journal", "name"),
-                year=_dig(paper, "year"),
-                cited=_dig(paper, "citationCount"),
-                abstract=_dig(paper, "abstract"),
-            )
-        )
-    return [p for p in papers if p.title][:count]
 
 
 async def _arxiv(
@@ -347,7 +577,14 @@ async def _arxiv(
         "start": 0,
         "max_results": count,
     }
-    root = _parse_xml(await _get(client, _base_url(valves.ARXIV_URL), params))
+    body = await _get(client, _base_url(valves.ARXIV_URL), params)
+    return await _parse_off_loop(
+        body, lambda data: _arxiv_papers(_parse_feed(data), count)
+    )
+
+
+def _arxiv_papers(root: ET.Element, count: int) -> list[_Paper]:
+    """Records from a parsed arXiv Atom feed."""
     papers = []
     for entry in root.findall("a:entry", ATOM):
         page = _text(entry.findtext("a:id", "", ATOM))
@@ -378,7 +615,7 @@ async def _arxiv(
                 abstract=entry.findtext("a:summary", "", ATOM),
             )
         )
-    return [p for p in papers if p.title][:count]
+    return _titled(papers, count)
 
 
 SCHOLARLY = {
@@ -475,52 +712,90 @@ async def _openwebui_web(
     return run
 
 
+def _score(result: dict) -> float:
+    """A SearXNG score as a number; anything but a finite number counts as 0."""
+    value = result.get("score")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    try:
+        number = float(value)
+    except OverflowError:
+        return 0.0
+    return number if math.isfinite(number) else 0.0
+
+
+def _searxng_items(data: Any) -> list[dict]:
+    """SearXNG results by score (as Open WebUI orders them), as web results."""
+    results = [r for r in _list(_dig(data, "results")) if isinstance(r, dict)]
+    results.sort(key=_score, reverse=True)
+    return [
+        {"link": r.get("url"), "title": r.get("title"), "snippet": r.get("content")}
+        for r in results
+    ]
+
+
 def _searxng_web(
     client: httpx.AsyncClient, url: str
 ) -> Callable[[str, int], Awaitable[list]]:
     """A search function over SearXNG's JSON API."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in {"http", "https"} or not parts.hostname:
+    endpoint = _endpoint(url, default_path="/")
+    if endpoint is None:
         raise _WebUnavailableError("The SEARXNG_URL valve is not a valid http(s) URL.")
-    endpoint = urlunsplit((parts.scheme, parts.netloc, parts.path or "/", "", ""))
 
     async def run(query: str, count: int) -> list:
-        data = json.loads(await _get(client, endpoint, {"q": query, "format": "json"}))
-        results = [r for r in _dig(data, "results") or [] if isinstance(r, dict)]
-        results.sort(key=lambda r: r.get("score") or 0, reverse=True)
-        return [
-            {"link": r.get("url"), "title": r.get("title"), "snippet": r.get("content")}
-            for r in results
-        ][:count]
+        body = await _get(client, endpoint, {"q": query, "format": "json"})
+        return await _parse_off_loop(
+            body, lambda data: _web_papers(_searxng_items(_parse_json(data)), count)
+        )
 
     return run
 
 
 def _web_paper(item: Any) -> _Paper | None:
     """A web result as a scholar record: the page URL goes in publicationInfo."""
+    if isinstance(item, _Paper):  # already converted (SearXNG, off the loop)
+        return item
     get = item.get if isinstance(item, dict) else lambda k: getattr(item, k, None)
-    link = _text(get("link"))
+    link = _link(get("link"))
     if not link:
         return None
     is_pdf = urlsplit(link).path.lower().endswith(".pdf")
     return _Paper(
-        title=_text(get("title")) or link,
+        title=_shorten(get("title"), TITLE_CHARS) or link,
         pdf=link if is_pdf else "",
         page=link,
         info=link,
-        snippet=_text(get("snippet")),
+        snippet=_shorten(get("snippet"), WEB_SNIPPET_CHARS),
     )
+
+
+def _web_papers(items: list, count: int) -> list[_Paper]:
+    """The first `count` web results with a valid link; unreadable ones skipped."""
+    papers: list[_Paper] = []
+    for item in items:
+        if len(papers) >= count:
+            break
+        try:
+            paper = _web_paper(item)
+        except Exception:  # noqa: S112  (an odd result object)
+            continue
+        if paper:
+            papers.append(paper)
+    return papers
 
 
 def _describe_failure(exc: BaseException) -> str:
     """A short reason without URLs or secrets."""
     if isinstance(exc, _BadURLError):
         return "the tool's API URL setting is not a valid http(s) URL"
+    if isinstance(exc, _TooLargeError):
+        limit = MAX_RESPONSE_BYTES // 1_000_000
+        return f"the service sent an answer larger than {limit} MB"
     if isinstance(exc, httpx.HTTPStatusError):
         return f"the service answered HTTP {exc.response.status_code}"
     if isinstance(exc, httpx.TransportError):
         return "the service could not be reached"
-    if isinstance(exc, ValueError | ET.ParseError):
+    if isinstance(exc, ValueError | ET.ParseError | expat.ExpatError):
         return "the service sent an answer that could not be read"
     return f"unexpected error ({type(exc).__name__})"
 
@@ -611,7 +886,9 @@ class Tools:
             default="",
             description="Use this SearXNG instance (e.g. http://searxng:8080/search, "
             "JSON format enabled) for the 'web' backend and the fallback instead of "
-            "Open WebUI's engine. Needed for web results outside Open WebUI.",
+            "Open WebUI's engine. Needed for web results outside Open WebUI. "
+            "Credentials written into it (http://user:password@host/search) are "
+            "sent as Basic auth to that host only and never shown or logged.",
         )
 
     def __init__(self) -> None:
@@ -633,53 +910,75 @@ class Tools:
         :param query: The list of search queries for Google Scholar.
         :return: The top papers of every query, as text.
         """  # noqa: E501
-        queries = _normalise_queries(query)
-        if queries is None:
-            return INVALID_REQUEST
-        backend = (self.valves.BACKEND or "").strip().lower()
-        if backend not in BACKENDS:
+        try:
+            return await _google_scholar(
+                self, query, __request__, __user__, __event_emitter__
+            )
+        except Exception as exc:  # the tool never raises: the model gets text
+            log.warning("google_scholar failed: %s", type(exc).__name__)
             return (
-                f"The google_scholar tool is misconfigured: its BACKEND valve must be "
-                f"one of {', '.join(BACKENDS)}. Ask an administrator to fix it."
+                f"Scholar search failed: unexpected error ({type(exc).__name__}). "
+                "Please try again later."
             )
-        limit = _positive(self.valves.MAX_QUERIES_PER_SEARCH, 5)
-        queries, skipped = queries[:limit], queries[limit:]
-        await _emit(
-            __event_emitter__,
-            description="Searching papers: " + " · ".join(queries),
-            done=False,
-        )
-        verify = await _ssl_context()
-        async with httpx.AsyncClient(
-            timeout=_seconds(self), follow_redirects=True, verify=verify
-        ) as client:
-            web = await _web(self, client, __request__, __user__)
-            if backend == "web" and isinstance(web, str):
-                await _emit(__event_emitter__, description=web, done=True)
-                return web
-            gate = asyncio.Semaphore(_positive(self.valves.CONCURRENT_QUERIES, 3))
-
-            async def one(q: str) -> _Outcome:
-                async with gate:
-                    outcome = await _run_query(self, client, backend, web, q)
-                await _report(__event_emitter__, q, outcome)
-                return outcome
-
-            outcomes = await asyncio.gather(*(one(q) for q in queries))
-        text = SEPARATOR.join(outcome.text for outcome in outcomes)
-        if skipped:
-            names = ", ".join(f"'{q}'" for q in skipped)
-            text += (
-                f"\n\nNote: only the first {limit} queries of this call were searched "
-                f"(limit per call). Not searched: {names}. "
-                "Call the tool again with these queries if you still need them."
-            )
-        return text
 
 
 # Open WebUI 0.6 offers every callable attribute of `Tools` not named `__*` as a
 # tool (private `_x` methods included, which then fail its spec builder), so
 # the class holds the tool method only and its helpers live here.
+
+
+async def _google_scholar(
+    tool: "Tools",
+    query: Any,
+    request: Any,
+    user: dict | None,
+    emitter: Emitter | None,
+) -> str:
+    """The google_scholar tool's work (see `Tools.google_scholar`)."""
+    queries = _normalise_queries(query)
+    if queries is None:
+        return INVALID_REQUEST
+    backend = (tool.valves.BACKEND or "").strip().lower()
+    if backend not in BACKENDS:
+        return (
+            f"The google_scholar tool is misconfigured: its BACKEND valve must be "
+            f"one of {', '.join(BACKENDS)}. Ask an administrator to fix it."
+        )
+    limit = _positive(tool.valves.MAX_QUERIES_PER_SEARCH, 5)
+    queries, skipped = queries[:limit], queries[limit:]
+    await _emit(
+        emitter, description="Searching papers: " + " · ".join(queries), done=False
+    )
+    verify = await _ssl_context()
+    async with httpx.AsyncClient(
+        timeout=_seconds(tool), follow_redirects=True, verify=verify
+    ) as client:
+        web = await _web(tool, client, request, user)
+        if backend == "web" and isinstance(web, str):
+            await _emit(emitter, description=web, done=True)
+            return web
+        gate = asyncio.Semaphore(_positive(tool.valves.CONCURRENT_QUERIES, 3))
+
+        async def one(q: str) -> _Outcome:
+            async with gate:
+                try:
+                    outcome = await _run_query(tool, client, backend, web, q)
+                except Exception as exc:  # one query must not sink the others
+                    log.warning("scholar query failed: %s", type(exc).__name__)
+                    outcome = _failure_outcome(q, exc)
+            await _report(emitter, q, outcome)
+            return outcome
+
+        outcomes = await asyncio.gather(*(one(q) for q in queries))
+    text = SEPARATOR.join(outcome.text for outcome in outcomes)
+    if skipped:
+        names = ", ".join(f"'{q}'" for q in skipped)
+        text += (
+            f"\n\nNote: only the first {limit} queries of this call were searched "
+            f"(limit per call). Not searched: {names}. "
+            "Call the tool again with these queries if you still need them."
+        )
+    return text
 
 
 async def _web(
@@ -734,12 +1033,12 @@ async def _run_query(
     try:
         async with asyncio.timeout(_seconds(tool)):
             found = await web(WEB_PREFIX + query, count)
+        papers = _web_papers(found, count)
     except Exception as exc:  # web fallback failed too
         log.warning("web search failed for a query: %s", type(exc).__name__)
         if failure is None and MISSING_CONFIG.match(str(exc)):
             return _Outcome(WEB_UNCONFIGURED_TEXT, error=True)
         return _failure_outcome(query, failure or exc)
-    papers = [p for p in map(_web_paper, found) if p][:count]
     text = _format_block(query, papers)
     if failure is not None:
         text += FALLBACK_NOTE.format(name=BACKENDS[backend])

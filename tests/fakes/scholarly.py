@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
@@ -153,11 +154,15 @@ def atom_feed(entries: list[ArxivEntry]) -> bytes:
 
 @dataclass
 class Fault:
-    """Make one API fail: an HTTP status, raw bytes, or no answer at all."""
+    """Make one API misbehave: an HTTP status, raw bytes, or no answer at all.
+
+    `raw` may be a stream of chunks; `headers` adds e.g. a Content-Encoding.
+    """
 
     status: int = 200
-    raw: bytes | None = None
+    raw: bytes | Iterable[bytes] | None = None
     hang: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -238,9 +243,8 @@ class FakeScholarly:
             self.server.wait_forever()
             return Response.text("stopped", 503)
         if fault.raw is not None:
-            return Response(
-                fault.status, {"Content-Type": "application/json"}, fault.raw
-            )
+            headers = {"Content-Type": "application/json", **fault.headers}
+            return Response(fault.status, headers, fault.raw)
         return Response.text("api error", fault.status)
 
     def _openalex(self, request: Request) -> Response:

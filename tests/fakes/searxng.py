@@ -2,7 +2,8 @@
 
 `GET /search?q=...&format=json` answers with SearXNG's JSON shape
 (`{"query", "results": [{"url", "title", "content", "score", "publishedDate"}]}`).
-Per query, a test can script the results, an HTTP error, garbage, or a request
+Per query, a test can script the results, an HTTP error, garbage (raw bytes, or
+a stream of chunks, with extra headers such as Content-Encoding), or a request
 that never answers (released when the server stops). `gather(n)` makes the
 server hold every request until `n` of them are in flight at once: a client
 that searches one query after another never gets there, and its requests fail
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -30,8 +31,9 @@ class Script:
 
     results: list[dict[str, Any]] = field(default_factory=list)
     status: int = 200
-    raw: bytes | None = None
+    raw: bytes | Iterable[bytes] | None = None
     hang: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def result(
@@ -115,9 +117,8 @@ class FakeSearXNG(LocalServer):
             self.wait_forever()
             return Response.text("stopped", 503)
         if script.raw is not None:
-            return Response(
-                script.status, {"Content-Type": "application/json"}, script.raw
-            )
+            headers = {"Content-Type": "application/json", **script.headers}
+            return Response(script.status, headers, script.raw)
         if script.status != 200:
             return Response.text("engine error", script.status)
         return Response.json({"query": query, "results": script.results})

@@ -31,16 +31,18 @@ import asyncio
 import inspect
 import json
 import logging
+import math
 import re
 import ssl
 import threading
 import traceback
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import SimpleNamespace
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, TypeVar
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 import httpx
 from pydantic import BaseModel, Field
@@ -80,7 +82,19 @@ SETTINGS_FAILED_TEXT = (
     "Web search failed: Open WebUI's web search settings could not be read. "
     "Please try again later."
 )
+# Backend answers are untrusted: at most this many bytes are read, counted on
+# the wire and again after decompression.
 MAX_RESPONSE_BYTES = 5_000_000
+# Larger answers are parsed in a worker thread: parsing a few MB of JSON and
+# ranking its results would hold the event loop for tenths of a second.
+INLINE_PARSE_BYTES = 200_000
+# Only the encodings `_Inflater` decodes with a bound (httpx would also offer
+# br/zstd when those packages are installed, decoded without a bound).
+ACCEPT_ENCODING = "gzip, deflate"
+MAX_URL_CHARS = 2_000
+TITLE_CHARS = 300
+SNIPPET_CHARS = 2_000
+DATE_CHARS = 64
 # Open WebUI raises e.g. "No SEARXNG_QUERY_URL found in environment variables"
 # or "No search engine API key found ..." when the engine lacks its settings.
 MISSING_CONFIG = re.compile(r"^No .*found", re.IGNORECASE)
@@ -108,10 +122,23 @@ class _Outcome:
 
 
 Backend = Callable[[httpx.AsyncClient, str, int], Awaitable[list[_Hit]]]
+T = TypeVar("T")
 
 
 class _UnconfiguredError(Exception):
     """Open WebUI has no usable web search engine."""
+
+
+class _TooLargeError(ValueError):
+    """A backend answer over MAX_RESPONSE_BYTES, on the wire or decompressed."""
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    """A backend URL without credentials, and the credentials as Basic auth."""
+
+    url: str
+    auth: httpx.BasicAuth | None = None
 
 
 # One TLS context for the whole process. Building one loads the CA bundle:
@@ -188,20 +215,63 @@ def _field(item: Any, name: str) -> Any:
     return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
 
 
+def _cut(text: str, limit: int) -> str:
+    """Text of at most about `limit` characters, cut at a word."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " …"
+
+
+_NOT_IN_URL = re.compile(r"[\s\x00-\x1f\x7f]")
+
+
+def _link(value: Any) -> str:
+    """An http(s) URL from a backend, or '' when it is not one a reader could open.
+
+    Links are untrusted: anything else (a `javascript:` link, an unparsable
+    host such as `http://[::1`, a line break that would forge a result line)
+    would reach the model as a citation and the user's browser as a source.
+    """
+    url = value.strip() if isinstance(value, str) else ""
+    if not url or len(url) > MAX_URL_CHARS or _NOT_IN_URL.search(url):
+        return ""
+    try:
+        parts = urlsplit(url)
+        host, _port = parts.hostname, parts.port  # both raise on malformed hosts
+    except ValueError:
+        return ""
+    return url if parts.scheme.lower() in {"http", "https"} and host else ""
+
+
 def _make_hit(title: Any, link: Any, snippet: Any, date: Any = "") -> _Hit | None:
-    """A hit from raw fields; None without a link (nothing to cite or visit)."""
-    url = _clean(link)
+    """A hit from raw fields; None without a valid link (nothing to cite or visit)."""
+    url = _link(link)
     if not url:
         return None
     # A line break inside the title would break the markdown link.
-    name = " ".join(_clean(title).split()) or url
-    return _Hit(name, url, _clean(snippet), _format_date(date))
+    name = _cut(" ".join(_clean(title).split()), TITLE_CHARS) or url
+    return _Hit(name, url, _cut(_clean(snippet), SNIPPET_CHARS), _format_date(date))
+
+
+def _hits(results: list, count: int, fields: Callable[[Any], tuple]) -> list[_Hit]:
+    """The first `count` valid hits; a result whose fields cannot be read is skipped."""
+    hits: list[_Hit] = []
+    for item in results:
+        if len(hits) >= count:
+            break
+        try:
+            hit = _make_hit(*fields(item))
+        except Exception:  # noqa: S112  (an odd result object)
+            continue
+        if hit:
+            hits.append(hit)
+    return hits
 
 
 def _format_date(value: Any) -> str:
     """'May 19, 2025' like Google's result dates; unknown formats kept as text."""
-    text = _clean(value)
-    if not text:
+    text = " ".join(_clean(value).split())  # a line break would forge a line
+    if not text or len(text) > DATE_CHARS:
         return ""
     try:
         moment = datetime.fromisoformat(text)
@@ -210,46 +280,163 @@ def _format_date(value: Any) -> str:
     return f"{moment:%b} {moment.day}, {moment.year}"
 
 
-def _searxng_endpoint(url: str) -> str | None:
+def _split_credentials(parts: SplitResult) -> tuple[str, httpx.BasicAuth | None]:
+    """The host part without `user:password@`, and those as Basic auth.
+
+    httpx logs every request URL at INFO and its errors quote it, so
+    credentials written into a valve URL must not stay in the URL.
+    """
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at:
+        return parts.netloc, None
+    user, _, password = userinfo.partition(":")
+    return host, httpx.BasicAuth(unquote(user), unquote(password))
+
+
+def _searxng_endpoint(url: str) -> _Endpoint | None:
     """The SearXNG search URL without a query (legacy '?q=<query>' dropped)."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in {"http", "https"} or not parts.hostname:
+    try:
+        parts = urlsplit(url.strip())
+        valid = parts.scheme in {"http", "https"} and bool(parts.hostname)
+        _port = parts.port  # raises on a malformed port
+    except ValueError:
         return None
-    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", "", ""))
+    if not valid:
+        return None
+    host, auth = _split_credentials(parts)
+    return _Endpoint(urlunsplit((parts.scheme, host, parts.path or "/", "", "")), auth)
 
 
-async def _get_json(client: httpx.AsyncClient, url: str, params: dict) -> Any:
-    """GET a JSON document, refusing oversized answers."""
-    async with client.stream("GET", url, params=params) as response:
+class _Inflater:
+    """Bounded gzip/deflate decoding of a body (identity passes through).
+
+    Unlike httpx's decoders, it never inflates more than the room left under
+    the size cap (a 64 kB chunk can inflate to 64 MB) and refuses data after
+    the end of the compressed stream instead of silently reading on.
+    """
+
+    def __init__(self, content_encoding: str) -> None:
+        """Prepare for the answer's Content-Encoding (ValueError if unsupported)."""
+        encoding = content_encoding.strip().lower()
+        if encoding in {"", "identity"}:
+            self._wbits = 0
+        elif encoding in {"gzip", "x-gzip"}:
+            self._wbits = zlib.MAX_WBITS | 16
+        elif encoding == "deflate":
+            self._wbits = zlib.MAX_WBITS  # zlib-wrapped; raw deflate as fallback
+        else:
+            raise ValueError("unsupported content encoding")
+        self._engine = zlib.decompressobj(self._wbits) if self._wbits else None
+        self._fed = False
+
+    def feed(self, data: bytes, room: int) -> bytes:
+        """Decoded bytes of one wire chunk; _TooLargeError past `room`."""
+        if self._engine is None or not data:
+            return data
+        if self._engine.eof:
+            raise ValueError("data after the end of the compressed body")
+        try:
+            out = self._engine.decompress(data, room + 1)
+        except zlib.error:
+            if self._fed or self._wbits != zlib.MAX_WBITS:
+                raise ValueError("corrupt compressed body") from None
+            self._wbits = -zlib.MAX_WBITS  # some servers send raw deflate
+            self._engine = zlib.decompressobj(self._wbits)
+            return self.feed(data, room)
+        self._fed = True
+        if len(out) > room:
+            raise _TooLargeError
+        if self._engine.unused_data:
+            raise ValueError("data after the end of the compressed body")
+        return out
+
+    def finish(self) -> None:
+        """Refuse a compressed body that ended before its stream did."""
+        if self._engine is not None and self._fed and not self._engine.eof:
+            raise ValueError("compressed body ended early")
+
+
+async def _read_body(response: httpx.Response) -> bytes:
+    """The decoded body; _TooLargeError past the cap on the wire or decoded."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_RESPONSE_BYTES:
+        raise _TooLargeError
+    inflater = _Inflater(response.headers.get("content-encoding", ""))
+    body = bytearray()
+    received = 0
+    async for chunk in response.aiter_raw():
+        received += len(chunk)
+        if received > MAX_RESPONSE_BYTES:
+            raise _TooLargeError
+        body += inflater.feed(chunk, MAX_RESPONSE_BYTES - len(body))
+    inflater.finish()
+    return bytes(body)
+
+
+async def _get(client: httpx.AsyncClient, endpoint: _Endpoint, params: dict) -> bytes:
+    """GET a backend answer, bounded in size (see _read_body)."""
+    async with client.stream(
+        "GET",
+        endpoint.url,
+        params=params,
+        auth=endpoint.auth,
+        headers={"Accept-Encoding": ACCEPT_ENCODING},
+    ) as response:
         response.raise_for_status()
-        body = bytearray()
-        async for chunk in response.aiter_bytes():
-            body += chunk
-            if len(body) > MAX_RESPONSE_BYTES:
-                raise ValueError("response too large")
-    return json.loads(bytes(body))
+        return await _read_body(response)
 
 
-async def _searxng_search(
-    client: httpx.AsyncClient, endpoint: str, query: str, count: int
-) -> list[_Hit]:
-    """Query SearXNG's JSON API; results by score, as Open WebUI orders them."""
-    payload = await _get_json(client, endpoint, {"q": query, "format": "json"})
+def _parse_json(body: bytes) -> Any:
+    """A backend answer as JSON (the seam tests watch for the parsing thread)."""
+    return json.loads(body)
+
+
+async def _parse_off_loop(body: bytes, parse: Callable[[bytes], T]) -> T:
+    """Run `parse(body)`; in a worker thread when the body is large."""
+    if len(body) <= INLINE_PARSE_BYTES:
+        return parse(body)
+    return await asyncio.to_thread(parse, body)
+
+
+def _score(result: dict) -> float:
+    """A SearXNG score as a number; anything but a finite number counts as 0."""
+    value = result.get("score")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    try:
+        number = float(value)
+    except OverflowError:
+        return 0.0
+    return number if math.isfinite(number) else 0.0
+
+
+def _searxng_hits(body: bytes, count: int) -> list[_Hit]:
+    """Hits from a SearXNG JSON answer, by score as Open WebUI orders them."""
+    payload = _parse_json(body)
     results = payload.get("results") if isinstance(payload, dict) else None
     if not isinstance(results, list):
         raise ValueError("no result list")
     ranked = sorted(
-        (r for r in results if isinstance(r, dict)),
-        key=lambda r: r.get("score") or 0,
-        reverse=True,
+        (r for r in results if isinstance(r, dict)), key=_score, reverse=True
     )
-    hits = (
-        _make_hit(
-            r.get("title"), r.get("url"), r.get("content"), r.get("publishedDate")
-        )
-        for r in ranked
+    return _hits(
+        ranked,
+        count,
+        lambda r: (
+            r.get("title"),
+            r.get("url"),
+            r.get("content"),
+            r.get("publishedDate"),
+        ),
     )
-    return [hit for hit in hits if hit][:count]
+
+
+async def _searxng_search(
+    client: httpx.AsyncClient, endpoint: _Endpoint, query: str, count: int
+) -> list[_Hit]:
+    """Query SearXNG's JSON API."""
+    body = await _get(client, endpoint, {"q": query, "format": "json"})
+    return await _parse_off_loop(body, lambda data: _searxng_hits(data, count))
 
 
 def _import_openwebui() -> SimpleNamespace | None:
@@ -353,8 +540,11 @@ def _without_secrets(text: str) -> str:
     """
 
     def bare_url(match: re.Match[str]) -> str:
-        parts = urlsplit(match.group(0))
-        host = parts.hostname or ""
+        try:
+            parts = urlsplit(match.group(0))
+            host = parts.hostname or ""
+        except ValueError:  # e.g. "http://[::1" quoted by an engine
+            return "<unparsable URL>"
         port = f":{parts.port}" if _safe_port(parts) else ""
         return urlunsplit((parts.scheme, host + port, parts.path, "", ""))
 
@@ -395,6 +585,9 @@ def _log_failure(exc: BaseException) -> None:
 
 def _describe_failure(exc: BaseException) -> str:
     """A short reason without URLs or secrets."""
+    if isinstance(exc, _TooLargeError):
+        limit = MAX_RESPONSE_BYTES // 1_000_000
+        return f"the search engine sent an answer larger than {limit} MB"
     if isinstance(exc, httpx.HTTPStatusError):
         return f"the search engine answered HTTP {exc.response.status_code}"
     if isinstance(exc, httpx.TransportError):
@@ -464,7 +657,9 @@ class Tools:
             default="",
             description="Search a SearXNG instance directly instead of Open WebUI's "
             "engine, e.g. http://searxng:8080/search (JSON format must be enabled "
-            "in SearXNG). Needed when the tool runs outside Open WebUI.",
+            "in SearXNG). Needed when the tool runs outside Open WebUI. Credentials "
+            "written into it (http://user:password@host/search) are sent as Basic "
+            "auth to that host only and never shown or logged.",
         )
 
     def __init__(self) -> None:
@@ -486,38 +681,52 @@ class Tools:
         :param query: The list of search queries.
         :return: The top results of every query, as text.
         """
-        queries = _normalise_queries(query)
-        if queries is None:
-            return INVALID_REQUEST
-        limit = _positive(self.valves.MAX_QUERIES_PER_SEARCH, 5)
-        queries, skipped = queries[:limit], queries[limit:]
-        await _emit(
-            __event_emitter__,
-            description="Searching: " + " · ".join(queries),
-            done=False,
-        )
         try:
-            backend = await _backend(self, __request__, __user__)
-        except _UnconfiguredError as exc:
-            message = str(exc) or UNCONFIGURED_TEXT
-            await _emit(__event_emitter__, description=message, done=True)
-            return message
-        except Exception as exc:  # never a traceback for the model
-            log.warning("reading web search settings failed: %s", type(exc).__name__)
-            message = SETTINGS_FAILED_TEXT
-            await _emit(__event_emitter__, description=message, done=True)
-            return message
-        outcomes = await _run_all(self, queries, backend, __event_emitter__)
-        if any(outcome.unconfigured for outcome in outcomes):
-            await _emit(__event_emitter__, description=UNCONFIGURED_TEXT, done=True)
-            return UNCONFIGURED_TEXT
-        text = SEPARATOR.join(outcome.text for outcome in outcomes)
-        return text + (_skipped_note(skipped, limit) if skipped else "")
+            return await _search(self, query, __request__, __user__, __event_emitter__)
+        except Exception as exc:  # the tool never raises: the model gets text
+            log.warning("search failed: %s", type(exc).__name__)
+            return (
+                f"Search failed: unexpected error ({type(exc).__name__}). "
+                "Please try again later."
+            )
 
 
 # Open WebUI 0.6 offers every callable attribute of `Tools` not named `__*` as a
 # tool (private `_x` methods included, which then fail its spec builder), so
 # the class holds the tool method only and its helpers live here.
+
+
+async def _search(
+    tool: "Tools",
+    query: Any,
+    request: Any,
+    user: dict | None,
+    emitter: Emitter | None,
+) -> str:
+    """The search tool's work (see `Tools.search`)."""
+    queries = _normalise_queries(query)
+    if queries is None:
+        return INVALID_REQUEST
+    limit = _positive(tool.valves.MAX_QUERIES_PER_SEARCH, 5)
+    queries, skipped = queries[:limit], queries[limit:]
+    await _emit(emitter, description="Searching: " + " · ".join(queries), done=False)
+    try:
+        backend = await _backend(tool, request, user)
+    except _UnconfiguredError as exc:
+        message = str(exc) or UNCONFIGURED_TEXT
+        await _emit(emitter, description=message, done=True)
+        return message
+    except Exception as exc:  # never a traceback for the model
+        log.warning("reading web search settings failed: %s", type(exc).__name__)
+        message = SETTINGS_FAILED_TEXT
+        await _emit(emitter, description=message, done=True)
+        return message
+    outcomes = await _run_all(tool, queries, backend, emitter)
+    if any(outcome.unconfigured for outcome in outcomes):
+        await _emit(emitter, description=UNCONFIGURED_TEXT, done=True)
+        return UNCONFIGURED_TEXT
+    text = SEPARATOR.join(outcome.text for outcome in outcomes)
+    return text + (_skipped_note(skipped, limit) if skipped else "")
 
 
 async def _backend(tool: "Tools", request: Any, user: dict | None) -> Backend:
@@ -546,11 +755,11 @@ async def _backend(tool: "Tools", request: Any, user: dict | None) -> Backend:
         results = await _openwebui_search(
             ow, request, engine, q, owui_user, config=config
         )
-        hits = (
-            _make_hit(_field(r, "title"), _field(r, "link"), _field(r, "snippet"))
-            for r in results
+        return _hits(
+            results,
+            count,
+            lambda r: (_field(r, "title"), _field(r, "link"), _field(r, "snippet")),
         )
-        return [hit for hit in hits if hit][:count]
 
     return run
 
