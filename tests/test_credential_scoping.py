@@ -121,7 +121,9 @@ async def test_extractor_credentials_follow_its_url(case):
             "pipe_upper": pipe_server.base_url.replace("http://", "HTTP://"),
         }
         valves = {k: v.format(**urls) for k, v in admin.items()}
-        outcome = await visit_with(valves, pipe_server.base_url, KEY, site.url("/article"))
+        outcome = await visit_with(
+            valves, pipe_server.base_url, KEY, site.url("/article")
+        )
         seen = {"pipe": authorizations(pipe_server), "other": authorizations(other)}
     assert outcome.ok, outcome.text
     assert seen[target] == [expected]

@@ -69,13 +69,16 @@ def answer_turn(auth: str) -> Response:
 
 def refused(auth: str) -> Response:
     body = json.dumps({"error": {"message": f"Incorrect API key provided: {auth}"}})
-    return Response(401, {"Content-Type": "application/json", "X-Echo": auth}, body.encode())
+    return Response(
+        401, {"Content-Type": "application/json", "X-Echo": auth}, body.encode()
+    )
 
 
 class EchoingModel:
     """A model server that repeats the credentials it receives."""
 
     def __init__(self, steps: list[Step]) -> None:
+        self.model = MODEL
         self.steps = list(steps)
         self.server = LocalServer(
             {"/v1/chat/completions": self._chat, "/v1/models": self._models}
@@ -113,7 +116,9 @@ SCRIPTS = {
 
 def leaked(text: str, secret: str) -> list[str]:
     """Every run of 8 characters of ``secret`` found in ``text``."""
-    return [secret[i : i + 8] for i in range(len(secret) - 7) if secret[i : i + 8] in text]
+    return [
+        secret[i : i + 8] for i in range(len(secret) - 7) if secret[i : i + 8] in text
+    ]
 
 
 def make(server: EchoingModel, credentials: str) -> Pipe:
@@ -130,11 +135,12 @@ def make(server: EchoingModel, credentials: str) -> Pipe:
 
 @pytest.mark.parametrize("credentials", ["api-key", "url"])
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
-async def test_no_secret_in_logs_events_or_chat(script, credentials, caplog, monkeypatch):
+async def test_no_secret_in_logs_events_or_chat(
+    script, credentials, caplog, monkeypatch
+):
     monkeypatch.delenv("WEBUI_SECRET_KEY", raising=False)
     caplog.set_level(logging.DEBUG)
     with EchoingModel(SCRIPTS[script]) as server:
-        server.model = MODEL  # make_pipe reads it
         text, _, events = await drive(make(server, credentials), QUESTION)
         sent = {r.headers.get("authorization") for r in server.server.requests}
     expected = f"Bearer {KEY}" if credentials == "api-key" else f"Basic {BASIC}"
@@ -142,7 +148,11 @@ async def test_no_secret_in_logs_events_or_chat(script, credentials, caplog, mon
     assert "X-Echo" in caplog.text or "x-echo" in caplog.text.lower()  # headers logged
     emitted = json.dumps(events)
     for secret in (KEY, PASSWORD, BASIC):
-        for where, content in (("logs", caplog.text), ("events", emitted), ("chat", text)):
+        for where, content in (
+            ("logs", caplog.text),
+            ("events", emitted),
+            ("chat", text),
+        ):
             assert not leaked(content, secret), f"{secret[:4]}… leaked into {where}"
     assert f"{USER}:" not in caplog.text + emitted + text
 
@@ -157,7 +167,6 @@ async def test_an_unexpected_error_is_redacted_in_chat_and_log(caplog, monkeypat
         yield ""  # pragma: no cover - makes this an async generator
 
     with EchoingModel([]) as server:
-        server.model = MODEL
         pipe = make(server, "url")
         pipe.valves = pipe.Valves(
             API_BASE_URL=pipe.valves.API_BASE_URL, MODEL_ID=MODEL, API_KEY=KEY
@@ -171,6 +180,6 @@ async def test_an_unexpected_error_is_redacted_in_chat_and_log(caplog, monkeypat
 
 
 def test_valve_validation_errors_do_not_repeat_the_input():
-    with pytest.raises(ValueError) as caught:
+    with pytest.raises(ValueError, match="http") as caught:
         Pipe.Valves(API_BASE_URL=f"ftp://{USER}:{PASSWORD}@host/v1")
     assert PASSWORD not in str(caught.value)
