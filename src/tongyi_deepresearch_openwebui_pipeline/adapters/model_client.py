@@ -3,9 +3,9 @@
 Speaks the OpenAI chat-completions protocol to any compatible server (vLLM,
 SGLang, llama.cpp, Ollama, hosted providers) directly over ``httpx``, on a
 client the caller owns: that client is the test seam and what lets a cancelled
-chat close its connections. (The ``openai`` SDK is not used here: its
-authentication rules differ between the versions Open WebUI pins, and 3.x
-refuses to send a request without an API key, which keyless local servers need.)
+chat close its connections. (The ``openai`` SDK is not used for this stream:
+``benchmarks/openai_sdk.py`` measured it at a small fraction of this client's
+throughput; see AGENTS.md.)
 
 It normalises the three ways reasoning arrives (``reasoning_content``,
 ``reasoning``, inline ``<think>``) into `ModelDelta(reasoning=…, content=…)` and
@@ -17,7 +17,12 @@ classifies failures:
 - the user's configuration (400/401/403/404/422) → not retried; a clear
   `ModelError` naming the valve to fix.
 
-The API key is never put into a message, log line or event.
+``timeout_seconds`` bounds a whole attempt by the wall clock (httpx's own
+timeouts are per read, and keep-alive comments would stretch them forever).
+
+Secrets (the API key, credentials written into ``base_url``) go only into the
+request's Authorization header: requests and messages use the URL without its
+``user:password@``, and every message leaves through one `Redactor`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import json
 import logging
 import math
 import random
+import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -43,6 +49,7 @@ from ..core.events import (
     ModelRetry,
     ModelUsage,
 )
+from . import secrets
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +58,11 @@ STOP_SEQUENCES = ("\n<tool_response>", "<tool_response>")
 _TRANSIENT_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
 _MAX_RETRY_AFTER = 60.0
 _MAX_ERROR_BODY = 4096
+#: Longest server text shown in a message (after redaction).
+_MAX_DETAIL = 300
+#: Longest SSE line accepted. A chunk carries a few tokens; even a server that
+#: sends a whole 131072-token reply in one escaped chunk stays well under it.
+MAX_SSE_LINE_CHARS = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -74,23 +86,62 @@ class ModelSettings:
     headers: Mapping[str, str] = field(default_factory=dict)
 
     @property
+    def public_base_url(self) -> str:
+        """``base_url`` without credentials: what requests, logs and messages use."""
+        return secrets.split_userinfo(self.base_url)[0].rstrip("/")
+
+    @property
     def completions_url(self) -> str:
-        """``{base_url}/chat/completions``."""
-        return self.base_url.rstrip("/") + "/chat/completions"
+        """``{base_url}/chat/completions`` (without credentials)."""
+        return self.public_base_url + "/chat/completions"
+
+    @property
+    def models_url(self) -> str:
+        """``{base_url}/models`` (without credentials)."""
+        return self.public_base_url + "/models"
+
+    def auth_headers(self) -> dict[str, str]:
+        """Bearer for an API key, else Basic for credentials in the URL, else none.
+
+        Keyless local servers get no Authorization header at all.
+        """
+        key = self.api_key.strip()
+        if key:
+            return {"Authorization": f"Bearer {key}"}
+        _, user, password = secrets.split_userinfo(self.base_url)
+        if user or password:
+            return {"Authorization": f"Basic {secrets.basic_token(user, password)}"}
+        return {}
+
+    def redactor(self) -> secrets.Redactor:
+        """The redaction point for everything this endpoint's client says."""
+        return secrets.Redactor([self.api_key, *secrets.url_secrets(self.base_url)])
 
 
 class _Transient(Exception):  # noqa: N818 - internal signal, not an API error
-    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+    """A failure worth retrying. ``detail`` is the server's own text, unredacted."""
+
+    def __init__(
+        self, reason: str, retry_after: float | None = None, detail: str = ""
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
+        self.detail = detail
+
+
+class _Refused(Exception):  # noqa: N818 - internal signal, not an API error
+    """The server refused the request for a reason the admin must fix."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(status)
+        self.status = status
+        self.detail = detail
 
 
 def redact(text: str, secret: str) -> str:
-    """Remove ``secret`` from ``text`` (errors may echo request details)."""
-    if secret and len(secret) >= 4:
-        text = text.replace(secret, "***")
-    return text
+    """Mask ``secret`` (and runs of it) in ``text``; see `secrets.Redactor`."""
+    return secrets.Redactor([secret])(text)
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -104,19 +155,20 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 
 def _error_detail(raw: bytes) -> str:
+    """The server's message in an error body (unredacted, uncut)."""
     text = raw.decode("utf-8", "replace")
     try:
         body = json.loads(text)
-    except ValueError:
-        return text.strip()[:300]
+    except (ValueError, RecursionError):
+        return text.strip()
     inner = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(inner, dict):
         inner = inner.get("message") or inner.get("detail") or ""
-    return str(inner)[:300]
+    return str(inner)
 
 
-def _config_error(settings: ModelSettings, status: int, detail: str) -> ModelError:
-    where = f"{settings.base_url} (model '{settings.model}')"
+def _config_error_text(settings: ModelSettings, status: int) -> str:
+    where = f"{settings.public_base_url} (model '{settings.model}')"
     if status in (401, 403):
         text = (
             f"The model server at {where} refused the request (HTTP {status}). "
@@ -134,9 +186,7 @@ def _config_error(settings: ModelSettings, status: int, detail: str) -> ModelErr
             f"The model server at {where} rejected the request (HTTP {status}). "
             "Check the MODEL_ID, MAX_TOKENS and sampling valves."
         )
-    if detail:
-        text += f" Server said: {detail}"
-    return ModelError(redact(text, settings.api_key))
+    return text
 
 
 def _count(value: Any) -> int:
@@ -197,17 +247,16 @@ async def served_context_tokens(
 
 
 async def _read_served_context(http: httpx.AsyncClient, settings: ModelSettings) -> int:
-    headers = (
-        {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-    )
     try:
-        response = await http.get(
-            settings.base_url.rstrip("/") + "/models",
-            headers=headers,
-            timeout=httpx.Timeout(5.0),
-        )
+        with secrets.guard_http_logs(settings.redactor()):
+            async with asyncio.timeout(5.0):
+                response = await http.get(
+                    settings.models_url,
+                    headers=settings.auth_headers(),
+                    timeout=httpx.Timeout(5.0),
+                )
         entries = response.json().get("data") or []
-    except (httpx.HTTPError, ValueError, AttributeError):
+    except (httpx.HTTPError, ValueError, AttributeError, RecursionError, TimeoutError):
         return 0
     for entry in entries if isinstance(entries, list) else []:
         if not isinstance(entry, dict) or entry.get("id") != settings.model:
@@ -225,29 +274,54 @@ class SSEDecoder:
     """Incremental decoder of ``data:`` payloads (httpx-style ``feed``/``flush``).
 
     Network reads split lines anywhere, so ``feed`` keeps the unfinished last
-    line for the next call. Comment lines and lines without a ``data:`` field are
-    skipped, as the SSE format says; a ``data:`` line that is not JSON means the
-    stream is broken; ``data: [DONE]`` ends it.
+    line for the next call, as a list of pieces joined once when the line
+    ends: linear in the stream's size however the reads fall. A line longer
+    than ``max_line_chars`` ends the stream. Lines end at CR, LF or CRLF only
+    (the SSE format), never at the other breaks ``str.splitlines`` knows.
+    Comment lines and lines without a ``data:`` field are skipped; a
+    ``data:`` line that is not JSON means the stream is broken; ``data:
+    [DONE]`` ends it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_line_chars: int = MAX_SSE_LINE_CHARS) -> None:
         """Start empty."""
-        self._partial = ""
+        self._pieces: list[str] = []
+        self._pending = 0
+        self._max_line = max_line_chars
         self.done = False
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """Payloads completed by ``text``."""
-        if self.done:
+        if self.done or not text:
             return []
-        text = self._partial + text
         cut = max(text.rfind("\n"), text.rfind("\r"))
-        self._partial, complete = text[cut + 1 :], text[: cut + 1]
-        return self._payloads(complete.splitlines())
+        if cut < 0:
+            self._keep(text)
+            return []
+        complete = text[: cut + 1]
+        if self._pieces:
+            self._pieces.append(complete)
+            complete = "".join(self._pieces)
+        self._pieces, self._pending = [], 0
+        self._keep(text[cut + 1 :])
+        lines = _LINE_BREAK.split(complete)
+        lines.pop()  # the empty text after the last line break
+        return self._payloads(lines)
 
     def flush(self) -> list[dict[str, Any]]:
         """Payloads of a last line that had no line break."""
-        rest, self._partial = self._partial, ""
+        rest = "".join(self._pieces)
+        self._pieces, self._pending = [], 0
         return self._payloads([rest]) if rest and not self.done else []
+
+    def _keep(self, piece: str) -> None:
+        if not piece:
+            return
+        self._pending += len(piece)
+        if self._pending > self._max_line:
+            self._pieces, self._pending = [], 0
+            raise _Transient("stream line too long")
+        self._pieces.append(piece)
 
     def _payloads(self, lines: list[str]) -> list[dict[str, Any]]:
         payloads: list[dict[str, Any]] = []
@@ -255,6 +329,8 @@ class SSEDecoder:
         for line in lines:
             if not line.startswith("data:"):
                 continue
+            if len(line) > self._max_line:
+                raise _Transient("stream line too long")
             data = line[5:].strip()
             if data == "[DONE]":
                 self.done = True
@@ -263,21 +339,31 @@ class SSEDecoder:
                 continue
             try:
                 payload, end = decode(data)
-            except ValueError:
+            except (ValueError, RecursionError):  # deep nesting: RecursionError
                 raise _Transient("malformed stream data") from None
             if end != len(data):
                 raise _Transient("malformed stream data")
             if type(payload) is not dict:
                 continue
             if payload.get("error"):
-                detail = payload["error"]
-                if isinstance(detail, dict):
-                    detail = detail.get("message", "")
-                raise _Transient(f"server error in stream: {str(detail)[:200]}")
+                raise _Transient(
+                    "server error in stream", detail=_stream_error(payload)
+                )
             payloads.append(payload)
         return payloads
 
 
+def _stream_error(payload: dict[str, Any]) -> str:
+    detail = payload["error"]
+    if isinstance(detail, dict):
+        detail = detail.get("message", "")
+    try:
+        return str(detail)
+    except RecursionError:  # nested just short of the parser's limit
+        return ""
+
+
+_LINE_BREAK = re.compile("\r\n|\r|\n")
 _JSON = json.JSONDecoder()
 
 
@@ -337,13 +423,14 @@ class OpenAIModelClient:
         self._http = http_client
         self._sleep = sleep
         self._send_usage_option = settings.request_usage
+        self._redact = settings.redactor()
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "text/event-stream", **self.settings.headers}
-        if self.settings.api_key:
-            # Keyless local servers get no Authorization header at all.
-            headers["Authorization"] = f"Bearer {self.settings.api_key}"
-        return headers
+        return {
+            "Accept": "text/event-stream",
+            **self.settings.headers,
+            **self.settings.auth_headers(),
+        }
 
     def _payload(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         s = self.settings
@@ -365,24 +452,53 @@ class OpenAIModelClient:
     async def stream(self, messages: list[dict[str, Any]]) -> AsyncIterator[ModelChunk]:
         """Stream one reply, retrying transient failures from the start."""
         attempts = max(1, self.settings.max_attempts)
-        for attempt in range(1, attempts + 1):
-            try:
-                async for chunk in self._attempt(messages):
-                    yield chunk
-                return
-            except _Transient as failure:
-                if attempt >= attempts:
-                    raise ModelError(self._gave_up(failure.reason, attempts)) from None
-                delay = self._backoff(attempt, failure.retry_after)
-                log.warning(
-                    "model call failed (%s); retry %d/%d in %.1fs",
-                    failure.reason,
-                    attempt + 1,
-                    attempts,
-                    delay,
-                )
-                yield ModelRetry(attempt + 1, attempts, failure.reason, delay)
-                await self._sleep(delay)
+        with secrets.guard_http_logs(self._redact):
+            for attempt in range(1, attempts + 1):
+                try:
+                    async for chunk in self._attempt(messages):
+                        yield chunk
+                    return
+                except _Refused as refused:
+                    raise ModelError(self._refused(refused)) from None
+                except _Transient as failure:
+                    reason = self._reason(failure)
+                    if attempt >= attempts:
+                        raise ModelError(self._gave_up(reason, attempts)) from None
+                    delay = self._backoff(attempt, failure.retry_after)
+                    log.warning(
+                        "model call failed (%s); retry %d/%d in %.1fs",
+                        reason,
+                        attempt + 1,
+                        attempts,
+                        delay,
+                    )
+                    yield ModelRetry(attempt + 1, attempts, reason, delay)
+                    await self._sleep(delay)
+
+    # -- the one way out for anything the server or the URL can put in a message --
+    def _public(self, text: str, detail: str = "") -> str:
+        """``text`` (ours) plus the server's ``detail``, safe to show and log."""
+        if detail.strip():
+            said = self._redact.server_text(detail.strip(), _MAX_DETAIL)
+            text = f"{text}: {said}"
+        return self._redact(text)
+
+    def _reason(self, failure: _Transient) -> str:
+        return self._public(failure.reason, failure.detail)
+
+    def _refused(self, refused: _Refused) -> str:
+        text = _config_error_text(self.settings, refused.status)
+        if refused.detail.strip():
+            return self._public(f"{text} Server said", refused.detail)
+        return self._public(text)
+
+    def _gave_up(self, reason: str, attempts: int) -> str:
+        s = self.settings
+        return self._public(
+            f"The model server at {s.public_base_url} did not give a usable reply "
+            f"after {attempts} attempts ({reason}). Check that it is running and "
+            "that API_BASE_URL is right, or try again later."
+        )
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         s = self.settings
@@ -392,44 +508,50 @@ class OpenAIModelClient:
         delay = s.backoff_seconds * 2 ** (attempt - 1) + jitter
         return min(delay, s.backoff_max_seconds)
 
-    def _gave_up(self, reason: str, attempts: int) -> str:
-        s = self.settings
-        return redact(
-            f"The model server at {s.base_url} did not give a usable reply after "
-            f"{attempts} attempts ({reason}). Check that it is running and that "
-            "API_BASE_URL is right, or try again later.",
-            s.api_key,
-        )
-
     async def _attempt(
         self, messages: list[dict[str, Any]]
     ) -> AsyncIterator[ModelChunk]:
+        """One request, bounded as a whole by ``timeout_seconds`` of wall clock.
+
+        Only the waits for the server are under the deadline, never the
+        consumer's handling of a yielded chunk: a deadline that fired while
+        the caller held the chunk would cancel the caller, not this request.
+        """
         s = self.settings
-        timeout = httpx.Timeout(s.timeout_seconds, connect=s.connect_timeout_seconds)
+        deadline = asyncio.get_running_loop().time() + s.timeout_seconds
+        request = self._http.build_request(
+            "POST",
+            s.completions_url,
+            json=self._payload(messages),
+            headers=self._headers(),
+            timeout=httpx.Timeout(s.timeout_seconds, connect=s.connect_timeout_seconds),
+        )
         received = finished = False
         decoder = SSEDecoder()
         try:
-            async with self._http.stream(
-                "POST",
-                s.completions_url,
-                json=self._payload(messages),
-                headers=self._headers(),
-                timeout=timeout,
-            ) as response:
+            async with asyncio.timeout_at(deadline):
+                response = await self._http.send(request, stream=True)
+            try:
                 if response.status_code != 200:
-                    await self._raise_for_status(response)
-                async for text in response.aiter_text():
+                    async with asyncio.timeout_at(deadline):
+                        await self._raise_for_status(response)
+                reads = response.aiter_text()
+                while not decoder.done:
+                    async with asyncio.timeout_at(deadline):
+                        text = await anext(reads, None)
+                    if text is None:
+                        break
                     for chunk in chunks_of(decoder.feed(text)):
                         received = received or isinstance(chunk, ModelDelta)
                         finished = finished or isinstance(chunk, ModelFinish)
                         yield chunk
-                    if decoder.done:
-                        break
                 for chunk in chunks_of(decoder.flush()):
                     received = received or isinstance(chunk, ModelDelta)
                     finished = finished or isinstance(chunk, ModelFinish)
                     yield chunk
-        except httpx.TimeoutException:
+            finally:
+                await response.aclose()
+        except (httpx.TimeoutException, TimeoutError):
             raise _Transient("timed out") from None
         except httpx.TransportError as error:
             raise _Transient(f"connection failed: {type(error).__name__}") from None
@@ -445,11 +567,11 @@ class OpenAIModelClient:
             if len(raw) > _MAX_ERROR_BODY:
                 break
         status = response.status_code
-        detail = redact(_error_detail(raw), self.settings.api_key)
+        detail = _error_detail(raw[:_MAX_ERROR_BODY])
         if status == 400 and self._send_usage_option and "stream_options" in detail:
             # Some older servers reject stream_options; ask once without it.
             self._send_usage_option = False
             raise _Transient("server does not accept stream_options", 0.0)
         if status in _TRANSIENT_STATUS:
             raise _Transient(f"HTTP {status}", _retry_after(response))
-        raise _config_error(self.settings, status, detail)
+        raise _Refused(status, detail)

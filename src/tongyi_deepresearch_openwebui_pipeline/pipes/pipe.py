@@ -13,19 +13,19 @@ import asyncio
 import datetime as dt
 import logging
 import time
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .. import __version__
 from ..adapters import secrets
 from ..adapters.model_client import (
     ModelSettings,
     OpenAIModelClient,
-    redact,
     served_context_tokens,
     shared_ssl_context,
 )
@@ -47,6 +47,7 @@ from ..adapters.openwebui.render import ChatRenderer, Display
 from ..adapters.openwebui.toolbox import (
     TOOL_MODULES,
     Handler,
+    SharedEndpoint,
     Toolbox,
     ToolContext,
     ToolResolver,
@@ -93,6 +94,10 @@ class Pipe:
 
     class Valves(BaseModel):
         """Admin settings (Admin Panel → Functions → Tongyi DeepResearch)."""
+
+        # A rejected value may hold a key or a URL with a password: validation
+        # errors (shown and logged by Open WebUI) must not repeat it.
+        model_config = ConfigDict(hide_input_in_errors=True)
 
         API_BASE_URL: str = Field(
             default=DEFAULT_BASE_URL,
@@ -168,7 +173,10 @@ class Pipe:
             default=600.0,
             gt=0.0,
             le=3600.0,
-            description="Timeout of one model request (reference: 600).",
+            description=(
+                "Wall-clock limit of one model request, however the server trickles "
+                "(reference: 600)."
+            ),
         )
         MAX_RETRIES: int = Field(
             default=5,
@@ -352,24 +360,29 @@ class Pipe:
             await emit.status(str(error), done=True)
             yield f"> ⚠️ {error}\n"
             return
+        redact = _model_settings(valves, api_key).redactor()
         try:
-            async for text in self._research(
-                body,
-                valves,
-                emit,
-                api_key=api_key,
-                user=user,
-                request=request,
-                metadata=metadata,
-                chat_id=chat_id,
-                files=files,
-            ):
-                yield text
+            # The extractor may share the key: mask it in every HTTP log line.
+            with secrets.guard_http_logs(redact):
+                async for text in self._research(
+                    body,
+                    valves,
+                    emit,
+                    api_key=api_key,
+                    user=user,
+                    request=request,
+                    metadata=metadata,
+                    chat_id=chat_id,
+                    files=files,
+                ):
+                    yield text
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            log.exception("research run failed")
-            message = redact(f"{type(error).__name__}: {error}", api_key)
+            # The traceback's text too: an exception may quote a key or a URL.
+            details = redact("".join(traceback.format_exception(error)))
+            log.error("research run failed\n%s", details)
+            message = redact(f"{type(error).__name__}: {error}")
             await emit.status(f"Error: {message}", done=True)
             yield f"\n\n> ⚠️ **Unexpected error:** {message}\n"
 
@@ -471,17 +484,22 @@ class Pipe:
             cls = await self._resolver.resolve(TOOL_MODULES[name])
             if cls is not None:
                 classes[name] = cls
-        extractor = {
-            "EXTRACTOR_BASE_URL": valves.API_BASE_URL,
-            "EXTRACTOR_API_KEY": api_key,
-            "EXTRACTOR_MODEL": valves.MODEL_ID,
-        }
+        # The visit tool's extractor may share the model server, and only then
+        # its key and URL credentials (see SharedEndpoint).
+        extractor = SharedEndpoint(
+            url_valve="EXTRACTOR_BASE_URL",
+            key_valve="EXTRACTOR_API_KEY",
+            model_valve="EXTRACTOR_MODEL",
+            base_url=valves.API_BASE_URL,
+            api_key=api_key,
+            model=valves.MODEL_ID,
+        )
         context = ToolContext(
             request=request,
             user=user,
             chat_id=chat_id,
             emitter=relay,
-            valve_defaults={"visit": extractor},
+            shared_endpoints={"visit": extractor},
         )
         # The admin's valves of the installed tools (Workspace → Tools).
         admin_valves = {

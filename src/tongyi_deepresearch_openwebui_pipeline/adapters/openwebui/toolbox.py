@@ -5,8 +5,9 @@ each module's ``Tools`` class with four strategies, in order, once per process
 (`ToolResolver`): the installed package, a plain module import, a module Open
 WebUI already loaded (``sys.modules``), and Open WebUI's tool registry. Each
 call gets a fresh ``Tools()`` whose valves are the admin's (when the tool is
-installed in Open WebUI) with the pipe's model endpoint filled into any empty
-extractor setting, so a single API key in the pipe is enough.
+installed in Open WebUI). Where a tool's endpoint may be the pipe's own model
+server (the visit tool's extractor), `SharedEndpoint` fills it in, so a single
+API key in the pipe is enough, and hands the pipe's key only to that server.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from ...core.events import ToolOutcome
 from ...core.toolcalls import ToolCall
+from .. import secrets
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +133,59 @@ class ToolResolver:
         return None
 
 
+def _endpoint_identity(url: str) -> tuple[str, str, int | None, str] | None:
+    """What makes two base URLs the same server (credentials left out)."""
+    bare = secrets.split_userinfo(url.strip())[0]
+    try:
+        parts = urlsplit(bare)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+    except ValueError:
+        return None
+    host = (parts.hostname or "").lower()
+    return (parts.scheme.lower(), host, port, parts.path.rstrip("/"))
+
+
+@dataclass(frozen=True)
+class SharedEndpoint:
+    """The pipe's model server, offered to a tool's own endpoint valves.
+
+    The pipe's key (and credentials in its URL) go only to the pipe's server:
+
+    - the tool's URL valve is empty → URL, key and model come from the pipe
+      (each only where the admin left that valve empty);
+    - the tool's URL is the pipe's server (credentials, case and trailing
+      slash aside) → an empty key and model valve are filled, and the URL
+      gains the pipe's URL credentials when it has none of its own;
+    - any other URL → nothing is filled: that server never sees the pipe's
+      key, and an empty key valve there means no key.
+    """
+
+    url_valve: str
+    key_valve: str
+    model_valve: str
+    base_url: str
+    api_key: str = ""
+    model: str = ""
+
+    def fill(self, values: dict[str, Any], defaults: Mapping[str, Any]) -> None:
+        """Fill ``values`` (the admin's) in place; ``defaults`` are the class's."""
+
+        def current(name: str) -> str:
+            value = values.get(name, defaults.get(name))
+            return value.strip() if isinstance(value, str) else ""
+
+        url = current(self.url_valve)
+        if url and _endpoint_identity(url) != _endpoint_identity(self.base_url):
+            return  # another server: none of the pipe's credentials
+        has_own_credentials = url and secrets.split_userinfo(url)[1:] != ("", "")
+        if not has_own_credentials:
+            values[self.url_valve] = self.base_url
+        if not current(self.key_valve) and self.api_key:
+            values[self.key_valve] = self.api_key
+        if not current(self.model_valve) and self.model:
+            values[self.model_valve] = self.model
+
+
 @dataclass
 class ToolContext:
     """Per-chat values handed to the tools."""
@@ -138,8 +194,8 @@ class ToolContext:
     user: dict[str, Any] | None = None
     chat_id: str | None = None
     emitter: Callable[[dict[str, Any]], Awaitable[None]] | None = None
-    #: Values the pipe fills into the tool's valves when they are empty.
-    valve_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: The pipe's model server, offered to a tool's endpoint valves (by tool).
+    shared_endpoints: Mapping[str, SharedEndpoint] = field(default_factory=dict)
 
 
 class Toolbox:
@@ -175,10 +231,14 @@ class Toolbox:
             for key, value in (self._admin_valves.get(name) or {}).items()
             if value is not None
         }
-        fields = getattr(valves_cls, "model_fields", {})
-        for key, value in (self._context.valve_defaults.get(name) or {}).items():
-            if key in fields and not values.get(key) and value not in (None, ""):
-                values[key] = value
+        endpoint = self._context.shared_endpoints.get(name)
+        if endpoint is not None:
+            fields = getattr(valves_cls, "model_fields", {}) or {}
+            defaults = {
+                key: getattr(info, "default", None) for key, info in fields.items()
+            }
+            if endpoint.url_valve in fields:
+                endpoint.fill(values, defaults)
         try:
             instance.valves = valves_cls(**values)
         except Exception as error:
