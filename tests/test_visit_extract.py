@@ -103,7 +103,8 @@ async def test_request_is_one_user_message_with_the_formatted_prompt(
     assert body["temperature"] == 0.7
     assert body["max_tokens"] == 8192
     assert body["stream"] is False
-    assert "authorization" not in fake.requests[0].headers
+    # No key: the reference agent's placeholder, as keyless servers expect.
+    assert fake.requests[0].headers["authorization"] == "Bearer EMPTY"
     assert sleeps == []
 
 
@@ -121,11 +122,9 @@ async def test_api_key_is_sent_as_bearer_and_options_are_honoured(fake: Any) -> 
     assert "model" not in body
 
 
-def test_chat_url() -> None:
-    assert vt._chat_url("http://h/v1/") == "http://h/v1/chat/completions"
-    assert (
-        vt._chat_url("http://h/v1/chat/completions") == "http://h/v1/chat/completions"
-    )
+def test_api_base() -> None:
+    assert vt._api_base("http://h/v1/") == "http://h/v1"
+    assert vt._api_base("http://h/v1/chat/completions") == "http://h/v1"
 
 
 # -- reply parsing -------------------------------------------------------------------

@@ -413,7 +413,7 @@ async def test_open_webui_loader_shapes(
     events = Events()
     url = site.url("/count/owui")
     before = site.hits("/count/owui")
-    result = await make_tool(extractor).visit(
+    result = await make_tool(extractor, PAGE_LOADER="openwebui").visit(
         url=url, goal="g", __request__=request, __event_emitter__=events
     )
     assert text in evidence_of(result)
@@ -435,8 +435,16 @@ async def test_open_webui_loader_falls_back_when_it_cannot_serve(
         return failure
 
     monkeypatch.setattr(vt, "_openwebui_content_loader", lambda: loader)
+    # auto with a browser engine configured (0.6/0.8 shape of Open WebUI's config)
+    playwright = SimpleNamespace(
+        app=SimpleNamespace(
+            state=SimpleNamespace(
+                config=SimpleNamespace(WEB_LOADER_ENGINE="playwright")
+            )
+        )
+    )
     result = await make_tool(extractor).visit(
-        url=site.url("/plain"), goal="g", __request__=object()
+        url=site.url("/plain"), goal="g", __request__=playwright
     )
     assert "Plain facts" in evidence_of(result)
 
@@ -488,7 +496,7 @@ async def test_open_webui_text_is_cut_to_the_budget(
         return "word " * 50_000, []
 
     monkeypatch.setattr(vt, "_openwebui_content_loader", lambda: loader)
-    tool = make_tool(extractor, MAX_PAGE_TOKENS=1000)
+    tool = make_tool(extractor, MAX_PAGE_TOKENS=1000, PAGE_LOADER="openwebui")
     page = evidence_of(
         await tool.visit(url=site.url("/plain"), goal="g", __request__=object())
     )

@@ -198,16 +198,17 @@ def test_is_public_accepts_global(address: str) -> None:
 # -- through the tool: nothing leaves ----------------------------------------------
 
 
+@pytest.mark.parametrize("loader", ["auto", "openwebui"])
 @pytest.mark.parametrize("url", REFUSED_URLS)
 async def test_visit_refused_urls_send_nothing(
-    url: str, network: dict[str, Any]
+    url: str, loader: str, network: dict[str, Any]
 ) -> None:
     events: list[dict] = []
 
     async def emit(event: dict) -> None:
         events.append(event)
 
-    tool = make_tool(EXTRACTOR_BASE_URL="http://127.0.0.1:9/v1")
+    tool = make_tool(EXTRACTOR_BASE_URL="http://127.0.0.1:9/v1", PAGE_LOADER=loader)
     result = await tool.visit(
         url=[url], goal="g", __request__=object(), __event_emitter__=emit,
         __chat_id__="chat-safety",
@@ -320,7 +321,8 @@ async def test_open_webui_refusal_is_final(network: dict[str, Any]) -> None:
     )
     with PageSite() as site:
         url = f"http://news.example:{site.port}/plain"
-        result = await make_tool().visit(url=[url], goal="g", __request__=object())
+        tool = make_tool(PAGE_LOADER="openwebui")
+        result = await tool.visit(url=[url], goal="g", __request__=object())
     assert result == FAILURE_BLOCK.format(url=url)
     assert network["loader"].calls == [url]
     assert network["transport"].requests == []

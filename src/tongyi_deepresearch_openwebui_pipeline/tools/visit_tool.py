@@ -17,9 +17,11 @@ required_open_webui_version: 0.6.0
 # Sections: convert, converter process, safety, fetch, extract, format, tool.
 
 import asyncio
+import base64
 import codecs
 import contextlib
 import email.utils
+import importlib
 import inspect
 import io
 import ipaddress
@@ -34,11 +36,11 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any, Literal
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
 from weakref import WeakKeyDictionary
 
 import httpx
@@ -970,8 +972,19 @@ def _normalize_url(url: str) -> str:
 
 
 # ----------------------------------------------------------------------------
-# Fetch: Open WebUI's own loader when inside it, else a pinned, capped httpx GET.
+# Fetch: a pinned, capped httpx GET; Open WebUI's loader where it is wanted.
+#
+# The built-in fetcher checks every address and redirect hop, connects to the
+# address it checked and caps the body. Open WebUI's loader does its own checks
+# (their strength depends on the Open WebUI version), so it is used only when
+# the admin asks for it, or when Open WebUI's engine does what the built-in
+# fetcher cannot (a browser, a scraping service). The tool's own address check
+# runs before either, and what the loader returns is classified like a body.
 # ----------------------------------------------------------------------------
+
+# Open WebUI web loader engines that are a plain GET plus HTML-to-text, which
+# the built-in fetcher does too; any other engine renders or scrapes remotely.
+_PLAIN_LOADER_ENGINES = ("", "safe_web")
 
 
 def _openwebui_content_loader() -> Callable[..., Any] | None:
@@ -983,8 +996,44 @@ def _openwebui_content_loader() -> Callable[..., Any] | None:
     return get_content_from_url
 
 
-async def _load_with_openwebui(request: Any, url: str) -> _Page | None:
-    """Read through the admin's configured loader; None when it cannot serve."""
+async def _openwebui_loader_engine(request: Any) -> str | None:
+    """Open WebUI's configured WEB_LOADER_ENGINE, or None when it cannot be read."""
+    state = getattr(getattr(request, "app", None), "state", None)
+    config = getattr(state, "config", None)
+    if config is not None:  # 0.6 / 0.8: request.app.state.config.<ENV NAME>
+        try:
+            return str(config.WEB_LOADER_ENGINE or "")
+        except Exception:  # an older Open WebUI without the setting
+            return None
+    try:  # 0.11+: settings live in the config table
+        from open_webui.models.config import Config  # type: ignore  # noqa: PLC0415
+
+        value = Config.get("web.loader.engine", "")
+        if inspect.isawaitable(value):
+            value = await value
+    except Exception:  # not inside Open WebUI, or another shape
+        return None
+    return str(value or "")
+
+
+async def _wants_openwebui_loader(mode: str, request: Any) -> bool:
+    """True when this page goes to Open WebUI's loader rather than the built-in."""
+    if request is None or mode == "builtin":
+        return False
+    if mode == "openwebui":
+        return True
+    engine = await _openwebui_loader_engine(request)
+    return engine is not None and engine.strip().lower() not in _PLAIN_LOADER_ENGINES
+
+
+async def _load_with_openwebui(
+    request: Any, url: str, valves: "Tools.Valves"
+) -> _Page | None:
+    """Read through the admin's configured loader; None when it cannot serve.
+
+    `url` was checked by `_check_url` already. What comes back is classified
+    like a downloaded body: a PDF goes to the PDF reader, binary is refused.
+    """
     loader = _openwebui_content_loader()
     if loader is None:
         return None
@@ -1000,23 +1049,46 @@ async def _load_with_openwebui(request: Any, url: str) -> _Page | None:
             raise _RefusedError("Open WebUI refused the URL") from exc
         log.info("Open WebUI loader failed for %s: %s", url, type(exc).__name__)
         return None
-    except Exception as exc:  # any loader failure falls back
+    except Exception as exc:  # any loader failure: the caller decides
         log.info("Open WebUI loader failed for %s: %s", url, type(exc).__name__)
         return None
     content, docs = result if isinstance(result, tuple) else (result, [])
     if not isinstance(content, str) or not content.strip():
         return None
-    title = ""
-    for doc in docs or []:
+    raw = await asyncio.to_thread(_loaded_body, url, content, valves.MAX_DOWNLOAD_BYTES)
+    page = await _convert_page(raw, valves.MAX_PAGE_TOKENS)
+    title = _loader_title(docs) or page.title
+    return _Page(page.final_url, title, page.text, page.redirects)
+
+
+def _loaded_body(url: str, content: str, cap: int) -> _RawPage:
+    """The loader's text as bytes again, capped, for the checks a download gets.
+
+    Some loaders (0.8.12's default) return a binary body decoded as text. A PDF
+    survives that only when every character is one byte; otherwise it reaches
+    the PDF reader broken and is refused there. The charset is given, so the
+    text is never decoded again as something else.
+    """
+    body = b""
+    if "%PDF-" in content[:1024]:
+        with contextlib.suppress(UnicodeEncodeError):
+            body = content.encode("latin-1")
+    if not body:
+        body = content.encode("utf-8", "replace")  # lone surrogates from odd pages
+    return _RawPage(url, body[:cap], "; charset=utf-8", len(body) > cap)
+
+
+def _loader_title(docs: Any) -> str:
+    """The first document title Open WebUI's loader reported, if any."""
+    for doc in docs if isinstance(docs, list | tuple) else []:
         meta = (
             doc.get("metadata")
             if isinstance(doc, dict)
             else getattr(doc, "metadata", None)
         )
         if isinstance(meta, dict) and meta.get("title"):
-            title = str(meta["title"]).strip()
-            break
-    return _Page(final_url=url, title=title, text=content)
+            return str(meta["title"]).strip()
+    return ""
 
 
 # One TLS context per verify setting for the whole process. Building one loads
@@ -1214,9 +1286,82 @@ class _Outcome:
     reason: str = ""
 
 
-def _chat_url(base_url: str) -> str:
+# The extractor's credentials: the key valve and any user:password written into
+# EXTRACTOR_BASE_URL. They go to that endpoint in the Authorization header only;
+# every text that leaves the extract section is redacted against all the forms
+# they could take there (as written, trimmed, JSON-escaped, URL-quoted, base64).
+_REDACTED = "***"
+# The reference agent's placeholder for servers that need no key.
+_NO_KEY = "EMPTY"
+# json5 is pure Python (10-20 µs a character, more when nested): above this size
+# a reply that is not strict JSON goes to the linear field scraper instead.
+_JSON5_MAX_CHARS = 1_000
+# Nested lists in a reply are flattened this deep, no deeper.
+_MAX_RENDER_DEPTH = 8
+# An error body is searched and quoted from its beginning only.
+_ERROR_SCAN_CHARS = 4_000
+_INVALID_EXTRACTOR_URL = (
+    "the extractor URL is invalid; check the EXTRACTOR_BASE_URL valve"
+)
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    """The extractor endpoint: a base URL without credentials, and how to sign in."""
+
+    base_url: str
+    api_key: str
+    headers: dict[str, str]
+    secrets: tuple[str, ...]
+
+
+def _api_base(base_url: str) -> str:
+    """The OpenAI base URL (the SDK appends /chat/completions itself)."""
     base = base_url.strip().rstrip("/")
-    return base if base.endswith("/chat/completions") else f"{base}/chat/completions"
+    return base.removesuffix("/chat/completions").rstrip("/")
+
+
+def _secret_forms(values: list[str]) -> tuple[str, ...]:
+    """Every spelling of each secret that could appear in a reply, longest first."""
+    forms: set[str] = set()
+    for value in values:
+        for variant in (value, value.strip()):
+            if variant.strip():
+                forms.update(
+                    (variant, json.dumps(variant)[1:-1], quote(variant, safe=""))
+                )
+    return tuple(sorted(forms, key=len, reverse=True))
+
+
+def _redact(text: str, secrets: tuple[str, ...]) -> str:
+    """The text with every secret form replaced (run it before any cut)."""
+    for secret in secrets:
+        text = text.replace(secret, _REDACTED)
+    return text
+
+
+def _endpoint(valves: "Tools.Valves") -> _Endpoint:
+    """Split EXTRACTOR_BASE_URL into a clean URL and credentials; check its form."""
+    key = valves.EXTRACTOR_API_KEY
+    secrets = [key]
+    try:
+        parts = urlsplit(_api_base(valves.EXTRACTOR_BASE_URL))
+        valid = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        parts, valid = urlsplit(""), False
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    headers: dict[str, str] = {}
+    if userinfo:
+        user, _, password = userinfo.partition(":")
+        pair = f"{unquote(user)}:{unquote(password)}"
+        basic = base64.b64encode(pair.encode()).decode("ascii")
+        secrets += [userinfo, password, unquote(password), pair, basic]
+        if not key.strip():  # the key valve, when set, wins the one header
+            headers["Authorization"] = f"Basic {basic}"
+    if not valid:
+        raise _ExtractorError(_INVALID_EXTRACTOR_URL)
+    base = urlunsplit((parts.scheme, hostport, parts.path, parts.query, ""))
+    return _Endpoint(base, key.strip() or _NO_KEY, headers, _secret_forms(secrets))
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -1234,11 +1379,11 @@ def _retry_after(value: str | None) -> float | None:
     return max(when.timestamp() - time.time(), 0.0)
 
 
-def _reply_text(response: httpx.Response) -> str:
+def _completion_text(completion: Any) -> str:
     """The assistant text of a chat completion, without any <think> block."""
     try:
-        content = response.json()["choices"][0]["message"].get("content") or ""
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        content = completion.choices[0].message.content or ""
+    except (AttributeError, IndexError, KeyError, TypeError):
         return ""
     if isinstance(content, list):  # content parts
         content = "".join(
@@ -1248,7 +1393,7 @@ def _reply_text(response: httpx.Response) -> str:
 
 
 def _config_error(status: int, detail: str, valves: "Tools.Valves") -> _ExtractorError:
-    """A clear error naming the valve to fix; the API key is never included."""
+    """A clear error naming the valve to fix; no credential is ever included."""
     if status in (401, 403):
         names = "EXTRACTOR_API_KEY"
     elif status == 404:
@@ -1257,32 +1402,36 @@ def _config_error(status: int, detail: str, valves: "Tools.Valves") -> _Extracto
         names = "EXTRACTOR_MODEL / EXTRACTOR_MAX_TOKENS"
     else:
         names = "EXTRACTOR_BASE_URL"
-    with contextlib.suppress(ValueError, AttributeError, TypeError):
-        detail = str(json.loads(detail)["error"]["message"])
-    detail = " ".join(detail.split())[:160]
-    if valves.EXTRACTOR_API_KEY:
-        detail = detail.replace(valves.EXTRACTOR_API_KEY, "***")
+    secrets = _endpoint_secrets(valves)
+    detail = _redact(detail, secrets)  # the whole body, before anything is cut
+    with contextlib.suppress(ValueError, AttributeError, TypeError, RecursionError):
+        detail = _redact(str(json.loads(detail)["error"]["message"]), secrets)
+    detail = " ".join(detail[:_ERROR_SCAN_CHARS].split())[:160]
     return _ExtractorError(
         f"the extractor endpoint answered HTTP {status} ({detail}); "
         f"check the {names} valve of the DeepResearch Visit tool"
     )
 
 
-def _extractor_request(prompt: str, valves: "Tools.Valves") -> tuple[dict, dict]:
-    """(json body, headers) of one extractor call; no Authorization without a key."""
-    body: dict[str, Any] = {
+def _endpoint_secrets(valves: "Tools.Valves") -> tuple[str, ...]:
+    """The secret forms of the valves, even when the URL itself is unusable."""
+    try:
+        return _endpoint(valves).secrets
+    except _ExtractorError:
+        return _secret_forms([valves.EXTRACTOR_API_KEY, valves.EXTRACTOR_BASE_URL])
+
+
+def _extractor_options(prompt: str, valves: "Tools.Valves", not_given: Any) -> dict:
+    """Keyword arguments of one chat.completions.create call."""
+    options: dict[str, Any] = {
         "messages": [{"role": "user", "content": prompt}],
+        "model": valves.EXTRACTOR_MODEL.strip() or not_given,
         "temperature": valves.EXTRACTOR_TEMPERATURE,
         "stream": False,
     }
-    if valves.EXTRACTOR_MODEL.strip():
-        body["model"] = valves.EXTRACTOR_MODEL.strip()
     if valves.EXTRACTOR_MAX_TOKENS > 0:
-        body["max_tokens"] = valves.EXTRACTOR_MAX_TOKENS
-    headers = {"Content-Type": "application/json"}
-    if valves.EXTRACTOR_API_KEY.strip():
-        headers["Authorization"] = f"Bearer {valves.EXTRACTOR_API_KEY.strip()}"
-    return body, headers
+        options["max_tokens"] = valves.EXTRACTOR_MAX_TOKENS
+    return options
 
 
 def _retry_delay(
@@ -1294,7 +1443,9 @@ def _retry_delay(
     """
     status, detail = response.status_code, response.text
     too_long = r"context.{0,20}(length|window|size)|too long|maximum.{0,40}tokens"
-    if status in (400, 413, 422) and re.search(too_long, detail, re.I):
+    if status in (400, 413, 422) and re.search(
+        too_long, detail[:_ERROR_SCAN_CHARS], re.I
+    ):
         return None
     if status not in (408, 409, 425, 429) and status < 500:
         raise _config_error(status, detail, valves)
@@ -1302,69 +1453,122 @@ def _retry_delay(
     return backoff if waited is None else waited
 
 
-async def _call_extractor(
-    client: httpx.AsyncClient, prompt: str, valves: "Tools.Valves"
-) -> str:
+async def _openai_sdk() -> Any:
+    """The `openai` package; the first import runs in a thread (it takes ~0.5 s)."""
+    module = sys.modules.get("openai")
+    if module is not None:
+        return module
+    try:
+        return await asyncio.to_thread(importlib.import_module, "openai")
+    except ImportError as exc:
+        raise _ExtractorError(
+            "the extractor needs the 'openai' Python package (pip install openai)"
+        ) from exc
+
+
+@contextlib.asynccontextmanager
+async def _extractor_client(valves: "Tools.Valves") -> AsyncIterator[Any]:
+    """An `openai.AsyncOpenAI` on our own httpx client, for one URL's extraction.
+
+    Our client: the shared TLS context, the valve's timeouts, no environment
+    proxies. The SDK's own retries are off: `_call_extractor` is the one retry
+    policy (backoff, Retry-After, the reference's give-up rules).
+    """
+    openai = await _openai_sdk()
+    endpoint = _endpoint(valves)
+    timeout = httpx.Timeout(
+        valves.EXTRACTOR_TIMEOUT_SECONDS,
+        connect=min(10.0, valves.EXTRACTOR_TIMEOUT_SECONDS),
+    )
+    verify = await _ssl_context(True)  # the extractor is always verified
+    async with httpx.AsyncClient(
+        timeout=timeout, verify=verify, trust_env=False
+    ) as http:
+        yield openai.AsyncOpenAI(
+            api_key=endpoint.api_key,
+            base_url=endpoint.base_url,
+            timeout=timeout,
+            max_retries=0,
+            default_headers=endpoint.headers or None,
+            http_client=http,
+        )
+
+
+async def _call_extractor(client: Any, prompt: str, valves: "Tools.Valves") -> str:
     """One extractor request, retrying transient errors with backoff.
 
-    Returns the reply text ("" when the endpoint says the prompt is too long, so
-    the caller shrinks it); raises `_ExtractorError` for config or outage errors.
+    Returns the reply text ("" when the endpoint says the prompt is too long, or
+    the reply cannot be read, so the caller shrinks it); raises `_ExtractorError`
+    for config or outage errors.
     """
-    body, headers = _extractor_request(prompt, valves)
+    openai = await _openai_sdk()
+    options = _extractor_options(prompt, valves, openai.NOT_GIVEN)
     problem = ""
     for attempt in range(valves.EXTRACTOR_MAX_RETRIES + 1):
         delay = min(_BACKOFF_BASE_SECONDS * 2**attempt, 30.0)
         try:
-            response = await client.post(
-                _chat_url(valves.EXTRACTOR_BASE_URL), json=body, headers=headers
-            )
-        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-            raise _ExtractorError(
-                "the extractor URL is invalid; check the EXTRACTOR_BASE_URL valve"
-            ) from exc
-        except httpx.TransportError as exc:
-            problem = f"{type(exc).__name__} talking to the extractor endpoint"
-        else:
-            if response.status_code == 200:
-                return _reply_text(response)
-            waited = _retry_delay(response, delay, valves)
+            completion = await client.chat.completions.create(**options)
+        except openai.APIStatusError as exc:
+            waited = _retry_delay(exc.response, delay, valves)
             if waited is None:
                 return ""
-            problem = f"the extractor endpoint answered HTTP {response.status_code}"
+            problem = f"the extractor endpoint answered HTTP {exc.status_code}"
             if waited > _MAX_RETRY_AFTER_SECONDS:
                 break
             delay = waited
+        except openai.APIConnectionError as exc:  # timeouts included
+            cause = exc.__cause__
+            if isinstance(cause, httpx.UnsupportedProtocol | httpx.InvalidURL):
+                raise _ExtractorError(_INVALID_EXTRACTOR_URL) from exc
+            problem = f"{type(cause or exc).__name__} talking to the extractor endpoint"
+        except (openai.OpenAIError, ValueError, TypeError):
+            log.info("extractor reply could not be read")  # e.g. a 200 that is no JSON
+            return ""
+        else:
+            return _completion_text(completion)
         if attempt < valves.EXTRACTOR_MAX_RETRIES:
             await _sleep(delay)
     raise _ExtractorError(f"{problem}; gave up after retries")
 
 
-def _render(value: Any) -> str:
+def _render(value: Any, depth: int = 0) -> str:
     """Evidence/summary as text: lists line by line, objects as JSON."""
     if value is None:
         return ""
     if isinstance(value, str):
         return value.strip()
     if isinstance(value, list):
-        return "\n".join(filter(None, (_render(item) for item in value)))
+        if depth >= _MAX_RENDER_DEPTH:
+            return ""
+        return "\n".join(filter(None, (_render(item, depth + 1) for item in value)))
     if isinstance(value, dict):
-        return json.dumps(value, ensure_ascii=False)
+        return _json_text(value)
     return str(value)
 
 
-def _loads(text: str) -> Any:
-    """json, then json5 if installed; None when neither parses."""
+def _json_text(value: dict) -> str:
+    """An object as JSON text ("" when it is nested too deeply to write)."""
     try:
-        return json.loads(text)
-    except ValueError:
+        return json.dumps(value, ensure_ascii=False)
+    except (ValueError, TypeError, RecursionError):
+        return ""
+
+
+def _loads(text: str) -> Any:
+    """Strict JSON (raw newlines allowed), then json5 on small texts; else None."""
+    try:
+        return json.loads(text, strict=False)  # C speed, linear
+    except (ValueError, RecursionError):
         pass
+    if len(text) > _JSON5_MAX_CHARS:
+        return None  # the caller's linear scraper takes over
     try:
         import json5  # type: ignore[import-untyped]  # noqa: PLC0415
     except ImportError:
         return None
     try:
         return json5.loads(text)
-    except Exception:  # json5 raises ValueError and others
+    except Exception:  # json5 raises ValueError, RecursionError and others
         return None
 
 
@@ -1374,16 +1578,22 @@ _FIELD = re.compile(
 
 
 def _scrape_fields(text: str) -> dict[str, Any]:
-    """Last resort for broken JSON (unescaped quotes, raw newlines): split on keys."""
+    """Last resort for broken JSON (unescaped quotes, raw newlines): split on keys.
+
+    Linear in the text: only the last occurrence of each key is read (it is the
+    one that counts), so at most four values are parsed.
+    """
     matches = list(_FIELD.finditer(text))
+    last = {match.group(1).lower(): index for index, match in enumerate(matches)}
     fields: dict[str, Any] = {}
-    for index, match in enumerate(matches):
+    for key, index in sorted(last.items(), key=lambda item: item[1]):
+        match = matches[index]
         end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
         value = text[match.end() : end].strip().rstrip("}").strip().rstrip(",").strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
             value = value[1:-1]
         parsed = _loads(value) if value.startswith("[") else None
-        fields[match.group(1).lower()] = (
+        fields[key] = (
             parsed
             if parsed is not None
             else (value.replace("\\n", "\n").replace('\\"', '"'))
@@ -1391,10 +1601,26 @@ def _scrape_fields(text: str) -> dict[str, Any]:
     return fields
 
 
+def _strip_fences(text: str) -> str:
+    """Remove outer code fences only: a ``` inside the evidence is page content."""
+    if text.startswith("```"):
+        rest = text[3:]
+        text = rest[len(rest) - len(rest.lstrip(_FENCE_LANGUAGE)) :].lstrip()
+    if text.endswith("```"):
+        text = text[:-3].rstrip()
+    return text
+
+
+_FENCE_LANGUAGE = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
 def _parse_extraction(reply: str) -> tuple[str, str] | None:
-    """(evidence, summary) from the extractor reply, or None if unusable."""
-    # Outer code fences only: a ``` inside the evidence is page content.
-    text = re.sub(r"^```[a-zA-Z]*\s*|\s*```$", "", reply.strip())
+    """(evidence, summary) from the extractor reply, or None if unusable.
+
+    Linear in the reply: strict JSON first, json5 only on small replies, then
+    the field scraper; no regular expression here can backtrack.
+    """
+    text = _strip_fences(reply.strip())
     start, end = text.find("{"), text.rfind("}")
     candidate = text[start : end + 1] if start != -1 and end > start else text
     data = _loads(candidate)
@@ -1436,19 +1662,23 @@ async def _extract(page: _Page, goal: str, valves: "Tools.Valves") -> _Outcome:
         return _excerpt(
             page, "No extractor model is configured (EXTRACTOR_BASE_URL valve)", valves
         )
+    try:
+        return await _extract_with_retries(page, goal, valves)
+    except _ExtractorError as exc:
+        # The one exit of extractor errors: redacted before anyone sees them.
+        note = _redact(f"Extraction failed: {exc}", _endpoint_secrets(valves))
+        return _excerpt(page, note, valves)
+
+
+async def _extract_with_retries(
+    page: _Page, goal: str, valves: "Tools.Valves"
+) -> _Outcome:
+    """The reference's attempts: an unusable reply shrinks the page and retries."""
     content = _document(page)
-    timeout = httpx.Timeout(
-        valves.EXTRACTOR_TIMEOUT_SECONDS,
-        connect=min(10.0, valves.EXTRACTOR_TIMEOUT_SECONDS),
-    )
-    verify = await _ssl_context(True)  # the extractor is always verified
-    async with httpx.AsyncClient(timeout=timeout, verify=verify) as client:
+    async with _extractor_client(valves) as client:
         for attempt in range(5):
             prompt = EXTRACTOR_PROMPT.format(webpage_content=content, goal=goal)
-            try:
-                reply = await _call_extractor(client, prompt, valves)
-            except _ExtractorError as exc:
-                return _excerpt(page, f"Extraction failed: {exc}", valves)
+            reply = await _call_extractor(client, prompt, valves)
             parsed = _parse_extraction(reply) if len(reply.strip()) >= 10 else None
             if parsed:
                 return _Outcome("extracted", parsed[0], parsed[1], page)
@@ -1556,9 +1786,13 @@ class Tools:
 
         PAGE_LOADER: Literal["auto", "openwebui", "builtin"] = Field(
             default="auto",
-            description="auto: Open WebUI's page loader inside Open WebUI, else (or "
-            "when it returns nothing) the built-in fetcher; openwebui: Open WebUI's "
-            "loader only; builtin: the built-in fetcher only.",
+            description="auto: the built-in fetcher (checks every address and "
+            "redirect, connects to the checked address, caps size); inside Open "
+            "WebUI its loader instead when its web loader engine is a browser or "
+            "service (playwright, firecrawl, tavily, external…), with the built-in "
+            "fetcher when that returns nothing. openwebui: Open WebUI's loader "
+            "only (the tool checks each URL's addresses first; redirects and the "
+            "connection are then Open WebUI's). builtin: the built-in fetcher only.",
         )
         ALLOW_PRIVATE_URLS: bool = Field(
             default=False,
@@ -1600,7 +1834,8 @@ class Tools:
         )
         EXTRACTOR_BASE_URL: str = Field(
             default="",
-            description="OpenAI-compatible base URL, e.g. http://host:8000/v1.",
+            description="OpenAI-compatible base URL, e.g. http://host:8000/v1 "
+            "(user:password@ in it is sent as Basic auth when no key is set).",
         )
         EXTRACTOR_API_KEY: str = Field(
             default="", description="Extractor API key (optional)."
@@ -1729,14 +1964,16 @@ async def _get_page(url: str, ctx: "_CallContext") -> _Page:
 
 
 async def _load(target: _Target, ctx: "_CallContext") -> _Page:
-    """Open WebUI's loader when inside Open WebUI, else (or as fallback) builtin."""
+    """The built-in fetcher, or Open WebUI's loader when it is the one to use."""
     valves = ctx.valves
-    if valves.PAGE_LOADER != "builtin" and ctx.request is not None:
-        page = await _load_with_openwebui(ctx.request, target.url)
+    if await _wants_openwebui_loader(valves.PAGE_LOADER, ctx.request):
+        page = await _load_with_openwebui(ctx.request, target.url, valves)
         if page is not None:
-            return await asyncio.to_thread(_fitted, page, valves.MAX_PAGE_TOKENS)
+            return page
         if valves.PAGE_LOADER == "openwebui":
             raise _PageError("Open WebUI's page loader returned nothing")
+        # auto: a browser/service engine that gave nothing. The built-in fetcher
+        # is the stricter path, so a page cannot weaken the checks this way.
     try:
         raw = await _fetch_builtin(target, valves)
     except httpx.TimeoutException as exc:

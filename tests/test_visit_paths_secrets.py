@@ -1,0 +1,504 @@
+"""Claims that hold on every fetch path, bounded extractor-reply parsing, and
+secrets in the extractor path (issue 11).
+
+- Page loader choice: `auto` reads with the built-in fetcher (checked, pinned,
+  capped) even inside Open WebUI, unless Open WebUI's web loader engine is a
+  browser or a service; whatever Open WebUI's loader returns is classified like
+  a downloaded body (PDF to the PDF reader, binary refused).
+- Extractor replies: strict JSON first, json5 only on small texts, a linear
+  scraper for the rest; hostile replies cannot hold the event loop.
+- Secrets: the key valve (any length, stray whitespace) and credentials written
+  into EXTRACTOR_BASE_URL appear nowhere: tool output, events, or any log line
+  at DEBUG (httpx's and openai's loggers included).
+
+Real parts: pages on 127.0.0.1 (PageSite) and a FakeOpenAI extractor; Open
+WebUI's loader and its config are the only stand-ins (one seam each).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import sys
+import time
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.fakes.pages import (
+    PNG_BYTES,
+    PageSite,
+    load_visit_tool,
+    make_pdf,
+    page_text_from_prompt,
+)
+
+vt = load_visit_tool("visit_tool_paths_secrets_tests")
+
+GOOD = json.dumps({"rational": "r", "evidence": "E1", "summary": "S1"})
+
+
+def echo(body: dict[str, Any]) -> Reply:
+    page = page_text_from_prompt(body["messages"][0]["content"])
+    return Reply(
+        content=json.dumps({"rational": "r", "evidence": page, "summary": "S"})
+    )
+
+
+@pytest.fixture(scope="module")
+def site() -> Any:
+    with PageSite() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def extractor_server() -> Any:
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture
+def extractor(extractor_server: Any) -> Any:
+    extractor_server.replies.clear()
+    extractor_server.bodies.clear()
+    extractor_server.server.requests.clear()
+    extractor_server.respond_with(echo)
+    return extractor_server
+
+
+@pytest.fixture(autouse=True)
+def _no_waits(monkeypatch: pytest.MonkeyPatch) -> Any:
+    async def no_sleep(_seconds: float) -> None:
+        return None
+
+    monkeypatch.setattr(vt, "_sleep", no_sleep)
+    vt._PAGE_CACHE.clear()
+    yield
+    vt._PAGE_CACHE.clear()
+
+
+class Events(list):
+    """An event emitter that records events."""
+
+    async def __call__(self, event: dict) -> None:
+        self.append(event)
+
+
+class RecordingLoader:
+    """Stands in for Open WebUI's get_content_from_url (0.11+ shape)."""
+
+    def __init__(self, result: Any = ("Loaded by Open WebUI.", [])) -> None:
+        self.calls: list[str] = []
+        self.result = result
+
+    async def __call__(self, request: Any, url: str, *, config: Any = None) -> Any:
+        self.calls.append(url)
+        return self.result
+
+
+def make_tool(extractor: Any, **valves: Any) -> Any:
+    tool = vt.Tools()
+    settings = {
+        "ALLOW_PRIVATE_URLS": True,
+        "EXTRACTOR_BASE_URL": extractor.base_url,
+        "EXTRACTOR_MODEL": "extractor-model",
+        **valves,
+    }
+    tool.valves = tool.Valves(**settings)
+    return tool
+
+
+def evidence_of(result: str) -> str:
+    assert result.startswith("The useful information in "), result[:300]
+    return result.split("Evidence in page: \n", 1)[1].rsplit("\n\nSummary: \n", 1)[0]
+
+
+def is_failure(result: str) -> bool:
+    return vt.FAILURE_EVIDENCE in result and vt.FAILURE_SUMMARY in result
+
+
+def old_request(engine: str) -> Any:
+    """A request as Open WebUI 0.6 / 0.8 passes it: config on app.state."""
+    config = SimpleNamespace(WEB_LOADER_ENGINE=engine)
+    return SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(config=config)))
+
+
+def new_config(monkeypatch: pytest.MonkeyPatch, engine: str) -> Any:
+    """Open WebUI 0.11+: no app.state.config; `await Config.get(key)` instead."""
+
+    class Config:
+        @staticmethod
+        async def get(key: str, default: Any = None) -> Any:
+            return {"web.loader.engine": engine}.get(key, default)
+
+    module = ModuleType("open_webui.models.config")
+    module.Config = Config  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "open_webui.models.config", module)
+    return SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace()))
+
+
+# -- which path reads the page --------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["none", "old", "new"])
+@pytest.mark.parametrize("engine", ["", "safe_web", "SAFE_WEB"])
+async def test_auto_reads_with_the_builtin_fetcher_inside_open_webui(
+    shape: str, engine: str, site: Any, extractor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loader = RecordingLoader()
+    monkeypatch.setattr(vt, "_openwebui_content_loader", lambda: loader)
+    request = {
+        "none": object(),  # engine unreadable: the built-in fetcher
+        "old": old_request(engine),
+        "new": new_config(monkeypatch, engine),
+    }[shape]
+    path = f"/count/auto-{shape}-{engine}"
+    before = site.hits(path)
+    result = await make_tool(extractor).visit(
+        url=site.url(path), goal="g", __request__=request
+    )
+    assert "Counted page" in evidence_of(result)
+    assert loader.calls == []
+    assert site.hits(path) == before + 1
+
+
+@pytest.mark.parametrize("shape", ["old", "new"])
+@pytest.mark.parametrize("engine", ["playwright", "firecrawl", "tavily", "external"])
+async def test_auto_uses_open_webui_for_browser_and_service_engines(
+    shape: str, engine: str, site: Any, extractor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loader = RecordingLoader()
+    monkeypatch.setattr(vt, "_openwebui_content_loader", lambda: loader)
+    request = old_request(engine) if shape == "old" else new_config(monkeypatch, engine)
+    path = f"/count/engine-{shape}-{engine}"
+    before = site.hits(path)
+    result = await make_tool(extractor).visit(
+        url=site.url(path), goal="g", __request__=request
+    )
+    assert "Loaded by Open WebUI." in evidence_of(result)
+    assert loader.calls == [site.url(path)]
+    assert site.hits(path) == before  # the built-in fetcher was not used
+
+
+async def test_openwebui_mode_never_falls_back_on_an_empty_page(
+    site: Any, extractor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loader = RecordingLoader(("   ", []))
+    monkeypatch.setattr(vt, "_openwebui_content_loader", lambda: loader)
+    before = site.hits("/count/empty")
+    result = await make_tool(extractor, PAGE_LOADER="openwebui").visit(
+        url=site.url("/count/empty"), goal="g", __request__=object()
+    )
+    assert is_failure(result)
+    assert site.hits("/count/empty") == before
+
+
+async def test_pdf_bytes_from_the_loader_go_through_the_pdf_reader(
+    extractor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Open WebUI 0.8.12's default loader hands back a PDF's raw bytes as text.
+    pdf = make_pdf(["Loader PDF page one says 42."], title="Loader PDF")
+    loader = RecordingLoader((pdf.decode("latin-1"), []))
+    monkeypatch.setattr(vt, "_openwebui_content_loader", lambda: loader)
+    result = await make_tool(extractor, PAGE_LOADER="openwebui").visit(
+        url="http://127.0.0.1:9/doc.pdf", goal="g", __request__=object()
+    )
+    page = evidence_of(result)
+    assert "Loader PDF page one says 42." in page
+    assert "Title: Loader PDF" in page
+    assert all("%PDF-" not in json.dumps(body) for body in extractor.bodies)
+
+
+@pytest.mark.parametrize("codec", ["latin-1", "utf-8", "cp1252"])
+async def test_a_pdf_decoded_as_text_is_read_as_a_pdf_or_refused(
+    codec: str, extractor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never as text: binary markers make the decoding lossy for most codecs."""
+    pdf = make_pdf(["Decoded PDF text."]).replace(
+        b"%PDF-1.4\n", b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\x81\x8d\n", 1
+    )
+    content = pdf.decode(codec, "replace")
+    monkeypatch.setattr(
+        vt, "_openwebui_content_loader", lambda: RecordingLoader((content, []))
+    )
+    result = await make_tool(extractor, PAGE_LOADER="openwebui").visit(
+        url="http://127.0.0.1:9/doc", goal="g", __request__=object()
+    )
+    assert is_failure(result) or "--- Page 1 ---" in evidence_of(result)
+    assert all("%PDF-" not in json.dumps(body) for body in extractor.bodies)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "%PDF-1.4\ngarbage that no reader can open",
+        PNG_BYTES.decode("latin-1"),
+        PNG_BYTES.decode("utf-8", "replace") * 20,
+        "text\x00with\x00nul\x00bytes " * 50,
+        bytes(range(256)).decode("latin-1") * 20,
+    ],
+    ids=["pdf-corrupt", "png-latin1", "png-utf8", "nul", "bytes"],
+)
+async def test_binary_from_the_loader_never_reaches_the_extractor(
+    content: str, extractor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        vt, "_openwebui_content_loader", lambda: RecordingLoader((content, []))
+    )
+    events = Events()
+    result = await make_tool(extractor, PAGE_LOADER="openwebui").visit(
+        url="http://127.0.0.1:9/file", goal="g", __request__=object(),
+        __event_emitter__=events,
+    )  # fmt: skip
+    assert is_failure(result)
+    assert extractor.bodies == []
+    reasons = " ".join(e["data"].get("description", "") for e in events)
+    assert "PDF" in reasons or "not a readable page" in reasons, reasons
+
+
+async def test_loader_text_over_the_download_cap_is_cut(
+    extractor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        vt, "_openwebui_content_loader", lambda: RecordingLoader(("word " * 8000, []))
+    )
+    result = await make_tool(
+        extractor, PAGE_LOADER="openwebui", MAX_DOWNLOAD_BYTES=10_000
+    ).visit(url="http://127.0.0.1:9/long", goal="g", __request__=object())
+    page = evidence_of(result)
+    assert page.endswith(vt.TRUNCATION_NOTE)
+    assert page.count("word") <= 2_000
+
+
+# -- extractor replies: bounded parsing ------------------------------------------------
+
+# Hostile replies up to what EXTRACTOR_MAX_TOKENS (8,192) lets a server write
+# (~4 characters a token), and beyond.
+SIZE = 4 * 8192
+HOSTILE_REPLIES = {
+    "json5-object": "{'evidence': '" + "word " * (SIZE // 5) + "', 'summary': 'S',}",
+    "json5-items": "{'evidence': ["
+    + ",".join(f"'item {i}'" for i in range(3000))
+    + "], 'summary': 'S',}",
+    "many-keys": "{" + "'evidence': [1], " * 2000 + "'summary': 'S'",
+    "whitespace-run": '{"evidence": "a' + " " * SIZE + 'b", "summary": "S"}x',
+    "fence-run": "```" + " " * SIZE + "x",
+    "deep-arrays": "[" * SIZE,
+    "deep-evidence": '{"evidence": ' + "[" * 5000 + "]" * 5000 + ', "summary": "S"}',
+    "deep-json5": "{'evidence': " + "[" * 900 + "'x'" + "]" * 900 + "}",
+    "unclosed": '{"evidence": "' + "x" * SIZE,
+    "colons": "evidence" + " " * 2000 + ":" * 10 + "summary:" * 3000,
+    "big": "{'evidence': '" + "z" * (20 * SIZE) + "', 'summary': 'S'}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_REPLIES))
+def test_json5_never_sees_a_big_reply(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[int] = []
+    real = pytest.importorskip("json5")
+
+    def recording_loads(text: str) -> Any:
+        seen.append(len(text))
+        return real.loads(text)
+
+    fake = ModuleType("json5")
+    fake.loads = recording_loads  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "json5", fake)
+    vt._parse_extraction(HOSTILE_REPLIES[name])  # no exception, whatever it finds
+    assert all(size <= vt._JSON5_MAX_CHARS for size in seen), seen
+    assert len(seen) <= 5  # one candidate plus at most one per field
+
+
+def test_big_non_json_reply_falls_back_to_the_scraper() -> None:
+    evidence, summary = vt._parse_extraction(HOSTILE_REPLIES["json5-object"]) or (
+        "",
+        "",
+    )
+    assert evidence.startswith("word word") and evidence.endswith("word")
+    assert summary == "S"
+    parsed = vt._parse_extraction(HOSTILE_REPLIES["json5-items"])
+    assert parsed is not None and parsed[1] == "S"
+
+
+async def test_hostile_replies_do_not_hold_the_event_loop(
+    extractor: Any,
+) -> None:
+    """Each reply goes through the whole extractor path while a ticker runs.
+
+    The bound is generous (a second): the quadratic and pure-Python parsers
+    these replies were built against took from 0.6 s to many seconds.
+    """
+    replies = list(HOSTILE_REPLIES.values())
+    extractor.respond_with(lambda body: Reply(content=replies[0]))
+    worst = 0.0
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal worst
+        last = time.perf_counter()
+        while not stop.is_set():
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            worst = max(worst, now - last)
+            last = now
+
+    page = vt._Page("https://news.example/a", "T", "Body text.")
+    valves = vt.Tools.Valves(EXTRACTOR_BASE_URL=extractor.base_url, EXTRACTOR_MODEL="m")
+    ticking = asyncio.create_task(ticker())
+    try:
+        for reply in replies:
+            extractor.respond_with(lambda body, reply=reply: Reply(content=reply))
+            outcome = await vt._extract(page, "g", valves)
+            assert outcome.kind in ("extracted", "failed")
+    finally:
+        stop.set()
+        await ticking
+    assert worst < 1.0, f"the event loop stalled {worst:.2f} s"
+
+
+@pytest.mark.parametrize("name", ["deep-arrays", "deep-evidence", "deep-json5"])
+def test_deeply_nested_replies_do_not_raise(name: str) -> None:
+    result = vt._parse_extraction(HOSTILE_REPLIES[name])
+    assert result is None or isinstance(result, tuple)
+
+
+# -- secrets -------------------------------------------------------------------------
+
+
+def leaks(secrets: list[str], *outputs: str) -> list[str]:
+    """The secrets (and 12-character prefixes of long ones) found in outputs."""
+    found = []
+    for secret in secrets:
+        probes = {secret, secret[:12]} if len(secret) > 24 else {secret}
+        found += [p for p in probes for text in outputs if p.strip() and p in text]
+    return found
+
+
+async def run_visit(tool: Any, site: Any, caplog: pytest.LogCaptureFixture) -> tuple:
+    caplog.set_level(logging.DEBUG)
+    for name in ("httpx", "httpcore", "openai"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    events = Events()
+    result = await tool.visit(
+        url=site.url("/plain"), goal="g", __event_emitter__=events, __chat_id__=""
+    )
+    logged = "\n".join(
+        f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records
+    )
+    return result, json.dumps(events), logged
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "sk-live-SECRET-0123456789 ",
+        "sk-live-SECRET-0123456789\n",
+        "\tsk-live-SECRET-0123456789\r\n",
+        "sk-" + "LONGSECRET" * 40,  # far past any cut of an error message
+        "k1",  # short keys are redacted too
+    ],
+    ids=["space", "newline", "tabs", "long", "short"],
+)
+@pytest.mark.parametrize("status", [401, 400, 404, 500])
+async def test_extractor_key_never_appears_anywhere(
+    key: str,
+    status: int,
+    site: Any,
+    extractor: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clean = key.strip()
+    # A server that echoes the key it was sent, in full, at the start of the body.
+    extractor.respond_with(
+        lambda body: Reply(
+            status=status, error=f"{clean} is not a valid key (Bearer {clean})"
+        )
+    )
+    tool = make_tool(extractor, EXTRACTOR_API_KEY=key, EXTRACTOR_MAX_RETRIES=1)
+    result, events, logged = await run_visit(tool, site, caplog)
+    assert extractor.requests[0].headers["authorization"] == f"Bearer {clean}"
+    assert "Plain facts" in result  # the page is still given, as an excerpt
+    assert leaks([key, clean], result, events, logged) == []
+
+
+@pytest.mark.parametrize("scenario", ["ok", "outage", "refused"])
+async def test_credentials_in_the_base_url_go_only_in_a_header(
+    scenario: str,
+    site: Any,
+    extractor: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    password = "pa$$-URL-SECRET-7"  # written percent-encoded in the URL
+    pair = f"alice:{password}"
+    basic = base64.b64encode(pair.encode()).decode()
+    base = extractor.base_url.replace("http://", "http://alice:pa%24%24-URL-SECRET-7@")
+    if scenario == "ok":
+        extractor.respond_with(lambda body: Reply(content=GOOD))
+    else:
+        status = 503 if scenario == "outage" else 401
+        extractor.respond_with(
+            lambda body: Reply(status=status, error=f"no access for {pair} / {basic}")
+        )
+    tool = make_tool(extractor, EXTRACTOR_BASE_URL=base, EXTRACTOR_MAX_RETRIES=1)
+    result, events, logged = await run_visit(tool, site, caplog)
+    request = extractor.requests[0]
+    assert request.path == "/v1/chat/completions"
+    assert request.headers["authorization"] == f"Basic {basic}"
+    assert "HTTP Request: POST" in logged  # httpx's own line was captured
+    secrets = [password, "pa%24%24-URL-SECRET-7", basic, pair]
+    assert leaks(secrets, result, events, logged) == []
+
+
+async def test_the_key_valve_wins_over_url_credentials(extractor: Any) -> None:
+    extractor.respond_with(lambda body: Reply(content=GOOD))
+    base = extractor.base_url.replace("http://", "http://bob:hunter2@")
+    valves = vt.Tools.Valves(
+        EXTRACTOR_BASE_URL=base, EXTRACTOR_API_KEY="sk-key", EXTRACTOR_MODEL="m"
+    )
+    outcome = await vt._extract(vt._Page("u", "t", "text"), "g", valves)
+    assert outcome.kind == "extracted"
+    assert extractor.requests[0].headers["authorization"] == "Bearer sk-key"
+
+
+# -- the openai SDK ------------------------------------------------------------------
+
+
+async def test_extractor_is_called_through_the_openai_sdk(extractor: Any) -> None:
+    extractor.respond_with(lambda body: Reply(content=GOOD))
+    valves = vt.Tools.Valves(EXTRACTOR_BASE_URL=extractor.base_url)
+    outcome = await vt._extract(vt._Page("u", "t", "text"), "g", valves)
+    assert outcome.kind == "extracted"
+    headers = extractor.requests[0].headers
+    assert headers["user-agent"].startswith("AsyncOpenAI/Python")
+    assert headers["authorization"] == "Bearer EMPTY"  # the reference's placeholder
+
+
+async def test_extractor_ignores_environment_proxies(
+    extractor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
+    extractor.respond_with(lambda body: Reply(content=GOOD))
+    valves = vt.Tools.Valves(EXTRACTOR_BASE_URL=extractor.base_url)
+    outcome = await vt._extract(vt._Page("u", "t", "text"), "g", valves)
+    assert outcome.kind == "extracted"
+
+
+async def test_without_the_openai_package_the_page_start_is_given(
+    extractor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "openai", None)  # as if not installed
+    valves = vt.Tools.Valves(EXTRACTOR_BASE_URL=extractor.base_url)
+    outcome = await vt._extract(vt._Page("u", "t", "Page text."), "g", valves)
+    assert outcome.kind == "excerpt"
+    assert outcome.evidence == "Page text."
+    assert "'openai' Python package" in outcome.summary
+    assert extractor.bodies == []
