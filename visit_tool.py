@@ -1484,7 +1484,7 @@ async def _extractor_client(valves: "Tools.Valves") -> AsyncIterator[Any]:
     async with httpx.AsyncClient(
         timeout=timeout, verify=verify, trust_env=False
     ) as http:
-        yield openai.AsyncOpenAI(
+        client = openai.AsyncOpenAI(
             api_key=endpoint.api_key,
             base_url=endpoint.base_url,
             timeout=timeout,
@@ -1492,6 +1492,12 @@ async def _extractor_client(valves: "Tools.Valves") -> AsyncIterator[Any]:
             default_headers=endpoint.headers or None,
             http_client=http,
         )
+        # The SDK fills these from OPENAI_ORG_ID / OPENAI_PROJECT_ID and sends
+        # them as headers: the server's own environment must not reach an
+        # extractor endpoint the admin configured.
+        client.organization = None
+        client.project = None
+        yield client
 
 
 async def _call_extractor(client: Any, prompt: str, valves: "Tools.Valves") -> str:

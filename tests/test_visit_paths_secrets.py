@@ -492,6 +492,23 @@ async def test_extractor_ignores_environment_proxies(
     assert outcome.kind == "extracted"
 
 
+async def test_extractor_gets_no_openai_environment_headers(
+    extractor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK reads these from the environment; they belong to OpenAI accounts of
+    # the server's operator, never to an extractor endpoint configured here.
+    monkeypatch.setenv("OPENAI_ORG_ID", "org-from-the-environment")
+    monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-from-the-environment")
+    extractor.respond_with(lambda body: Reply(content=GOOD))
+    valves = vt.Tools.Valves(EXTRACTOR_BASE_URL=extractor.base_url)
+    outcome = await vt._extract(vt._Page("u", "t", "text"), "g", valves)
+    assert outcome.kind == "extracted"
+    headers = extractor.requests[0].headers
+    assert "openai-organization" not in headers
+    assert "openai-project" not in headers
+    assert "from-the-environment" not in str(dict(headers))
+
+
 async def test_without_the_openai_package_the_page_start_is_given(
     extractor: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
