@@ -142,8 +142,13 @@ async def run(quick: bool) -> list[Row]:
             httpx.AsyncClient(timeout=120) as http,
             httpx.AsyncClient(timeout=120) as sdk_http,
         ):
+            # openai 3.x types http_client as httpx2's client; it accepts httpx's.
+            sdk_http_client: Any = sdk_http
             sdk_client = openai.AsyncOpenAI(
-                base_url=url, api_key="no-key", http_client=sdk_http, max_retries=0
+                base_url=url,
+                api_key="no-key",
+                http_client=sdk_http_client,
+                max_retries=0,
             )
             await ours(http, url, question, expected)  # warm-up both paths
             await sdk(sdk_client, question, expected)
