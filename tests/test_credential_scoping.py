@@ -59,6 +59,11 @@ def authorizations(fake: FakeOpenAI) -> list[str | None]:
     ]
 
 
+# What a keyless extractor receives: the reference agent's placeholder key, which
+# the openai SDK sends as a bearer token (no credential of the pipe's).
+KEYLESS = "Bearer EMPTY"
+
+
 def with_credentials(url: str) -> str:
     return url.replace("http://", f"http://svc:{PASSWORD}@")
 
@@ -86,7 +91,7 @@ CASES = {
     "other-url-empty-key-gets-no-key": (
         {"EXTRACTOR_BASE_URL": "{other}"},
         "other",
-        None,
+        KEYLESS,
     ),
     "other-url-own-key": (
         {"EXTRACTOR_BASE_URL": "{other}", "EXTRACTOR_API_KEY": "other-key-123"},
@@ -106,7 +111,7 @@ CASES = {
     "other-url-whitespace-key-gets-no-key": (
         {"EXTRACTOR_BASE_URL": " {other} ", "EXTRACTOR_API_KEY": "  "},
         "other",
-        None,
+        KEYLESS,
     ),
 }
 
@@ -144,7 +149,7 @@ async def test_url_credentials_go_only_to_the_pipes_server():
     assert shared.ok and elsewhere.ok
     token = base64.b64encode(f"svc:{PASSWORD}".encode()).decode()
     assert seen_pipe == [f"Basic {token}"]
-    assert seen_other == [None]
+    assert seen_other == [KEYLESS]
 
 
 async def test_through_the_pipe_an_extractor_elsewhere_never_gets_the_key():
@@ -168,5 +173,5 @@ async def test_through_the_pipe_an_extractor_elsewhere_never_gets_the_key():
         seen_other = authorizations(other)
         seen_model = authorizations(model)
     assert "Hello." in text
-    assert seen_other == [None]
+    assert seen_other == [KEYLESS]
     assert seen_model and set(seen_model) == {f"Bearer {KEY}"}
