@@ -1113,8 +1113,8 @@ def _html_to_text_linear(html: str, base_url: str, char_limit: int) -> tuple[str
             break
         start = html.find("<", pos)
         start = end if start < 0 else start
-        if start > pos:
-            parser.handle_data(unescape(html[pos:start]))
+        if start > pos:  # text; more than the limit is never needed
+            parser.handle_data(unescape(html[pos : min(start, pos + char_limit + 1)]))
         pos = _read_markup(parser, html, lower, start) if start < end else end
     parser.handle_data("")
     return parser.result()
@@ -1123,7 +1123,7 @@ def _html_to_text_linear(html: str, base_url: str, char_limit: int) -> tuple[str
 def _read_markup(parser: _HtmlToText, html: str, lower: str, start: int) -> int:
     """Handle the markup at `html[start] == "<"`; where reading goes on."""
     if html.startswith("<!--", start):
-        close = html.find("-->", start + 4)
+        close = html.find("-->", start + 2)  # "<!-->" is an empty comment too
         return len(html) if close < 0 else close + 3
     tag = _FALLBACK_TAG.match(html, start + 1)
     if tag is None and html[start + 1 : start + 2] not in ("!", "?"):
@@ -1990,7 +1990,7 @@ class Tools:
         MAX_DOWNLOAD_BYTES: int = Field(
             default=10_000_000,
             ge=10_000,
-            description="Body size cap, after decompression.",
+            description="Body size cap, on the wire and after decompression.",
         )
         PAGE_TIMEOUT_SECONDS: float = Field(
             default=30, gt=0, description="Time to read a page."

@@ -31,6 +31,7 @@ FIGURES = (
     "cross-talk between chats",
     "peak memory, 10 chats",
     "event-loop lag, visit",
+    "worst event-loop stall",
 )
 
 

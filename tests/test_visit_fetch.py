@@ -350,7 +350,7 @@ async def test_concurrency_is_capped(site: Any, extractor: Any) -> None:
 async def test_heavy_conversion_runs_off_the_event_loop(
     site: Any, extractor: Any
 ) -> None:
-    in_server: list[threading.Thread] = []
+    in_server: list[Any] = []
     workers: list[int] = []
     original = vt._run_job
 

@@ -1990,7 +1990,7 @@ class Tools:
         MAX_DOWNLOAD_BYTES: int = Field(
             default=10_000_000,
             ge=10_000,
-            description="Body size cap, after decompression.",
+            description="Body size cap, on the wire and after decompression.",
         )
         PAGE_TIMEOUT_SECONDS: float = Field(
             default=30, gt=0, description="Time to read a page."
