@@ -865,14 +865,13 @@ async def _convert_in_child(raw: _RawPage, max_tokens: int) -> _Page | None:
     bounds the page: on timeout or cancellation the worker is killed and
     reaped, so nothing goes on converting after the tool answered.
     """
-    async with _CONVERTER.slot():
+    async with _CONVERTER.slot(), asyncio.timeout(_MAX_CONVERT_SECONDS):
         worker = _CONVERTER.take_idle() or await _start_worker()
         if worker is None:
             return None
         answer: dict = {}
         try:
-            async with asyncio.timeout(_MAX_CONVERT_SECONDS):
-                answer = await _run_job(worker, raw, max_tokens)
+            answer = await _run_job(worker, raw, max_tokens)
         except _WorkerGoneError as exc:
             # Killed (the OOM killer, an administrator) or crashed: converting
             # the same document inside the server could do the same harm there.
@@ -934,24 +933,24 @@ async def _start_worker() -> _Worker | None:
         "warm": list(_WARM_IMPORTS),
     }
     program = _CONVERTER.program.encode()
-    started = False
     try:
         for name in ("stdin", "stdout", "stderr"):
             os.set_blocking(worker.fd(name), False)
         await _send(worker, b"%d\n%s" % (len(program), program))
         await _send(worker, json.dumps(setup).encode() + b"\n")
-        started = await _receive(worker) == {"ready": True}
+        ready = await _receive(worker) == {"ready": True}
     except _WorkerGoneError:
-        pass
+        ready = False
     except NotImplementedError:  # an event loop that cannot watch pipes
         log.info("the event loop cannot watch pipes: converting in threads")
         _CONVERTER.disabled_until = float("inf")
         await _discard(worker)
         return None
-    finally:
-        if not started:
-            await _discard(worker, _stderr_tail(worker))
-    if not started:
+    except BaseException:  # cancelled or timed out while starting: not a failure
+        await _discard(worker)
+        raise
+    if not ready:
+        await _discard(worker, _stderr_tail(worker))
         _CONVERTER.start_failures += 1
         if _CONVERTER.start_failures >= _MAX_START_FAILURES:
             _CONVERTER.start_failures = 0
