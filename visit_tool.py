@@ -21,6 +21,7 @@ import base64
 import codecs
 import contextlib
 import email.utils
+import functools
 import importlib
 import inspect
 import io
@@ -29,15 +30,19 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import ssl
+import subprocess
 import sys
 import threading
 import time
 import zlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from html import unescape
 from html.parser import HTMLParser
 from typing import Any, Literal
 from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
@@ -217,14 +222,38 @@ def _decode(body: bytes, content_type: str, html: bool) -> str:
     if html:
         declared += [m.decode("ascii", "ignore") for m in _CHARSET.findall(body[:4096])]
     for name in declared:
-        try:
-            codec = codecs.lookup(name).name
-        except LookupError:
+        codec = _page_codec(name)
+        if codec is None:
             continue
-        if codec.startswith("utf-16") or codec.startswith("utf-32"):
-            continue  # a BOM-less wide charset declaration is almost always wrong
-        return body.decode(codec, errors="replace")
+        try:
+            return body.decode(codec, errors="replace")
+        except (UnicodeError, LookupError, ValueError):  # a codec without "replace"
+            continue
     return body.decode("utf-8", errors="replace")
+
+
+# Text codecs Python has but no web page is written in: they transform text
+# (escapes, host names) rather than encode it, and some refuse errors="replace".
+_NOT_PAGE_CODECS = {"idna", "punycode", "unicode-escape", "raw-unicode-escape", "utf-7"}
+
+
+def _page_codec(name: str) -> str | None:
+    """The codec a declared charset names, if a page can be decoded with it.
+
+    Only real text encodings: "rot13", "base64", "zlib", "hex" … are bytes or
+    str transforms (`bytes.decode` raises on them). A BOM-less UTF-16/32
+    declaration is almost always wrong, so it is ignored too.
+    """
+    try:
+        info = codecs.lookup(name)
+    except LookupError:
+        return None
+    codec = info.name
+    if not getattr(info, "_is_text_encoding", True) or codec in _NOT_PAGE_CODECS:
+        return None
+    if codec.startswith(("utf-16", "utf-32")):
+        return None
+    return codec
 
 
 def _estimate_tokens(text: str) -> float:
@@ -321,6 +350,11 @@ _PARAGRAPH_TAGS = {
 }  # fmt: skip
 _LINE_TAGS = {"div", "dt", "dd", "figcaption", "summary", "caption", "form", "br"}
 _HIDDEN_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.I)
+# Links, tables and list indents nest at most this deep: each level copies the
+# text inside it once more, so unbounded nesting costs quadratic time or worse
+# (hostile pages nest thousands deep; real pages a handful). Deeper ones are
+# read as plain text.
+_MAX_NESTING = 32
 
 
 class _HtmlToText(HTMLParser):
@@ -333,6 +367,7 @@ class _HtmlToText(HTMLParser):
         self._sinks = [self.main]  # text goes to the last one (links, cells)
         self._links: list[tuple[str, _Buffer]] = []
         self._tables: list[_Table] = []
+        self._deep_tables = 0  # <table>s open beyond _MAX_NESTING (read as text)
         self._lists: list[list[int]] = []  # per open list: [ordered, items so far]
         self._skip: tuple[str, int] | None = None  # skipped tag and its nesting
         self._content = 0  # depth of <article>/<main>
@@ -403,10 +438,14 @@ class _HtmlToText(HTMLParser):
             entry = self._lists[-1] if self._lists else [False, 0]
             entry[1] += 1
             bullet = f"{entry[1]}. " if entry[0] else "- "
-            sink.markup("  " * max(len(self._lists) - 1, 0) + bullet)
+            depth = min(len(self._lists) - 1, _MAX_NESTING)
+            sink.markup("  " * max(depth, 0) + bullet)
         elif tag == "table":
             sink.newline(2)
-            self._tables.append(_Table())
+            if len(self._tables) < _MAX_NESTING:
+                self._tables.append(_Table())
+            else:
+                self._deep_tables += 1
         elif tag == "tr" and self._tables:
             self._end_row()
             self._tables[-1].row = []
@@ -418,7 +457,7 @@ class _HtmlToText(HTMLParser):
             table.header |= tag == "th" and not table.rows
             table.cell = _Buffer()
             self._sinks.append(table.cell)
-        elif tag == "a":
+        elif tag == "a" and len(self._links) < _MAX_NESTING:
             buffer = _Buffer()
             self._links.append((attr.get("href") or "", buffer))
             self._sinks.append(buffer)
@@ -440,6 +479,9 @@ class _HtmlToText(HTMLParser):
             self._end_cell()
         elif tag == "tr" and self._tables:
             self._end_row()
+        elif tag == "table" and self._deep_tables:
+            self._deep_tables -= 1
+            self._sinks[-1].newline(2)
         elif tag == "table" and self._tables:
             self._end_row()
             rows = self._tables.pop().rows
@@ -554,8 +596,12 @@ def _pdf_to_text(data: bytes, char_limit: int) -> tuple[str, str]:
     return "\n\n".join(pages), title
 
 
-def _convert(raw: _RawPage, max_tokens: int) -> _Page:
-    """Bytes -> `_Page` (in a worker thread or a child process, never on the loop)."""
+def _convert(
+    raw: _RawPage,
+    max_tokens: int,
+    read_html: "Callable[[str, str, int], tuple[str, str]]" = _html_to_text,
+) -> _Page:
+    """Bytes -> `_Page` (in a worker process, or a thread: never on the loop)."""
     if not raw.body or raw.body.isspace():  # no copy of a multi-MB body
         raise _PageError("the page is empty")
     kind, label = _classify(raw.content_type, raw.body)
@@ -568,7 +614,7 @@ def _convert(raw: _RawPage, max_tokens: int) -> _Page:
         text, title = _pdf_to_text(raw.body, char_limit)
     elif kind == "html":
         html = _decode(raw.body, raw.content_type, html=True)
-        text, title = _html_to_text(html, raw.final_url, char_limit)
+        text, title = read_html(html, raw.final_url, char_limit)
     else:
         text, title = _decode(raw.body, raw.content_type, html=False).strip(), ""
     if not text.strip():
@@ -587,56 +633,100 @@ def _fitted(page: _Page, max_tokens: int, already_cut: bool = False) -> _Page:
 
 
 def _converter_main() -> None:
-    """The converter process: one page in on stdin, one JSON line out on stdout.
+    """The converter worker: converts page after page until its stdin closes.
 
-    After the program itself (read by `_CHILD_BOOT`), stdin holds a JSON header
-    line (url, content_type, cut, max_tokens and the server's sys.path), then
-    the body. The answer is {"title", "text"}, or {"error"} when the page itself
-    cannot be read (a `_PageError`).
+    After the program itself (read by `_CHILD_BOOT`), stdin holds one setup
+    line ({"path": the server's sys.path, "warm": modules to import now, so
+    every page after the first finds them loaded}); the worker answers
+    "ready". Then, per page: a JSON header line (size, url, content_type,
+    cut, max_tokens, seconds), the body, and one JSON answer line out:
+    {"title", "text"}, or {"error"} when the page itself cannot be converted.
+    A page error never ends the worker; the server kills it when a page takes
+    too long, and `seconds` makes it end itself should the server be gone.
     """
-    header = json.loads(sys.stdin.buffer.readline())
-    sys.path[:] = header["path"]  # import pypdf from where the server would
-    raw = _RawPage(
-        header["url"], sys.stdin.buffer.read(), header["content_type"], header["cut"]
-    )
-    try:
-        page = _convert(raw, header["max_tokens"])
-        answer = {"title": page.title, "text": page.text}
-    except _PageError as exc:
-        answer = {"error": str(exc)}
+    stdin = sys.stdin.buffer
+    setup = json.loads(stdin.readline())
+    sys.path[:] = setup["path"]  # import pypdf from where the server would
+    for name in setup["warm"]:
+        try:
+            __import__(name)
+        except Exception:  # optional: the page that needs it reports it
+            log.debug("no %s in the converter", name, exc_info=True)
+    # From here on stderr goes nowhere: nobody drains the pipe while pages are
+    # converted, and a library's warnings would fill it and block the worker.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    _answer({"ready": True})
+    while True:
+        line = stdin.readline()
+        if not line:
+            return  # the server closed the pipe (or exited): so do we
+        job = json.loads(line)
+        raw = _RawPage(
+            job["url"], stdin.read(job["size"]), job["content_type"], job["cut"]
+        )
+        if hasattr(signal, "alarm"):
+            signal.alarm(job["seconds"])  # SIGALRM ends an orphaned worker
+        try:
+            page = _convert(raw, job["max_tokens"])
+            answer = {"title": page.title, "text": page.text}
+        except _PageError as exc:
+            answer = {"error": str(exc)}
+        except Exception as exc:  # the page broke the converter: still a page error
+            reason = type(exc).__name__
+            answer = {"error": f"the page could not be converted ({reason})"}
+        if hasattr(signal, "alarm"):
+            signal.alarm(0)
+        _answer(answer)
+
+
+def _answer(answer: dict) -> None:
     # ASCII JSON: any text (lone surrogates from odd PDF fonts included) survives.
     sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
 
 
 # <<< converter program: end
 
 
 # ----------------------------------------------------------------------------
-# Converter process: big documents are converted in a child Python process.
+# Converter process: every page is converted in a worker process, never here.
 #
-# In a worker thread, converting a big page still stalls the event loop: the
-# thread holds the GIL between switches, C-level passes over multi-MB strings
-# hold it for tens of milliseconds, and pypdf's many allocations set off full
-# garbage collections that stop every thread (the longer, the larger the heap:
-# Open WebUI's is hundreds of MB). A child process shares none of that.
+# Converting a page in the server is unsafe twice over. A thread cannot be
+# stopped, and some pages cost seconds to hours (CPython's HTMLParser is
+# quadratic or worse on unterminated tags), so a page could go on burning a
+# core long after the tool answered "timed out". And even a normal big page
+# stalls the event loop from a thread (the GIL, collector pauses in a large
+# heap). A worker process shares none of that and can be killed.
 #
-# The child runs the convert section above, read from this file while it is
+# Workers are persistent: started on first use, reused page after page (heavy
+# imports are paid once per worker), at most `max_children` busy per event
+# loop and `max_idle` kept warm. A page runs under the caller's deadline (the
+# page timeout); at the deadline, on cancellation or if the worker breaks, it
+# is killed and reaped, and the next page starts a fresh one. Only a worker
+# that fails to start (before any page reached it) counts against the child
+# process converter; page content cannot switch it off.
+#
+# The worker runs the convert section above, read from this file while it is
 # imported: Open WebUI executes a tool from a temporary file that it deletes
-# right after. When the child cannot run (no file, no process support, a broken
-# interpreter) the conversion runs in a worker thread as before.
+# right after. When no worker can run (no file, no process support, an event
+# loop that cannot watch pipes, an interpreter that does not start), pages are
+# converted in a worker thread by `_convert_budgeted`: a linear-time HTML reader
+# with hard caps, so the thread ends soon whatever the page.
 # ----------------------------------------------------------------------------
 
-# PDFs always go to a child: pypdf's allocations are what sets off the long
-# collector pauses. HTML from this size on: smaller pages parse in a thread in
-# under ~0.3 s with the loop's lag under 20 ms (measured on 2 cores), and a
-# child costs 50-100 ms to start.
-_PROCESS_MIN_BYTES = 1_000_000
 _PIPE_SLICE_BYTES = 256 * 1024
-# After this many child failures in a row (not page errors) use threads only.
-_MAX_CHILD_FAILURES = 3
+# After this many workers in a row fail to start, pages are converted in a
+# thread for `_START_RETRY_SECONDS`, then a worker is tried again.
+_MAX_START_FAILURES = 3
+_START_RETRY_SECONDS = 600.0
+# A backstop for callers without a deadline of their own; the worker also
+# ends itself after this long on one page (should the server be gone).
+_MAX_CONVERT_SECONDS = 600
+# Modules a worker imports when it starts, before its first page.
+_WARM_IMPORTS: tuple[str, ...] = ()
 # The child's command line: it reads its program from stdin (a length line,
 # then the source), which keeps 20 kB of code out of `ps` and out of the
-# command-line length limits; header and body follow on the same stdin.
+# command-line length limits; setup and pages follow on the same stdin.
 _CHILD_BOOT = (
     "import sys; size = int(sys.stdin.buffer.readline()); "
     "exec(compile(sys.stdin.buffer.read(size), '<deepresearch converter>', 'exec'))"
@@ -645,7 +735,7 @@ _CHILD_BOOT = (
 # them, but the child program starts at the begin marker. No logging module:
 # importing it costs the child ~10 ms, and nobody would read its debug log.
 _CHILD_PRELUDE = """\
-import codecs, io, json, re, sys
+import codecs, io, json, os, re, signal, sys
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from urllib.parse import urljoin, urlsplit
@@ -672,14 +762,35 @@ def _converter_program() -> str:
     return f"{_CHILD_PRELUDE}{source[begin.end() : end.start()]}\n_converter_main()\n"
 
 
+class _WorkerGoneError(Exception):
+    """The worker process ended, or said something that is not an answer."""
+
+
+@dataclass
+class _Worker:
+    """One converter process; its pipes are non-blocking, watched by the loop."""
+
+    process: subprocess.Popen
+
+    def fd(self, name: Literal["stdin", "stdout", "stderr"]) -> int:
+        stream = getattr(self.process, name)
+        return -1 if stream is None or stream.closed else stream.fileno()
+
+
 @dataclass
 class _ConverterState:
-    """The child program and what the server learned about running it."""
+    """The child program, the warm workers and what failed when starting one."""
 
     program: str
-    failures: int = 0  # child failures in a row
-    # Children at once per event loop, like the worker threads they replace.
+    start_failures: int = 0  # workers in a row that failed to start
+    disabled_until: float = 0.0  # time.monotonic() until which threads are used
+    # Busy workers at once per event loop.
     max_children: int = max(2, min(8, os.cpu_count() or 2))
+    max_idle: int = 2  # warm workers kept between pages
+    idle: list[_Worker] = field(default_factory=list)
+    dying: list[subprocess.Popen] = field(default_factory=list)  # killed, not reaped
+    owner: int = field(default_factory=os.getpid)
+    lock: threading.Lock = field(default_factory=threading.Lock)
     # Not a string annotation: dataclasses would look this module up in
     # sys.modules, where a tool loaded from a file may not be.
     slots: WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = field(
@@ -687,137 +798,373 @@ class _ConverterState:
     )
 
     def slot(self) -> asyncio.Semaphore:
-        """This event loop's limit on concurrent children."""
+        """This event loop's limit on busy workers."""
         loop = asyncio.get_running_loop()
         semaphore = self.slots.get(loop)
         if semaphore is None:
             semaphore = self.slots[loop] = asyncio.Semaphore(self.max_children)
         return semaphore
 
+    def usable(self) -> bool:
+        """Whether pages go to a worker process (else to `_convert_budgeted`)."""
+        return bool(self.program) and time.monotonic() >= self.disabled_until
+
+    def take_idle(self) -> _Worker | None:
+        """A warm worker that still runs, or None."""
+        with self.lock:
+            if self.owner != os.getpid():  # a forked server: those are not ours
+                self.idle, self.dying, self.owner = [], [], os.getpid()
+            while self.idle:
+                worker = self.idle.pop()
+                if worker.process.poll() is None:
+                    return worker
+                _close_pipes(worker.process)
+        return None
+
+    def keep_idle(self, worker: _Worker) -> bool:
+        """Keep a worker warm for the next page; False when enough are kept."""
+        with self.lock:
+            if len(self.idle) >= self.max_idle or self.owner != os.getpid():
+                return False
+            self.idle.append(worker)
+            return True
+
+    def reap(self) -> int:
+        """Collect killed workers that have exited; how many are still exiting."""
+        with self.lock:
+            self.dying = [p for p in self.dying if p.poll() is None]
+            return len(self.dying)
+
 
 _CONVERTER = _ConverterState(_converter_program())
 
 
-def _wants_child(raw: _RawPage) -> bool:
-    """True for documents worth a child process (PDFs, big HTML)."""
-    if not _CONVERTER.program or _CONVERTER.failures >= _MAX_CHILD_FAILURES:
-        return False
-    kind, _label = _classify(raw.content_type, raw.body)  # looks at the head only
-    if kind == "pdf":
-        return not raw.truncated  # a cut PDF is refused at once, no child needed
-    return kind == "html" and len(raw.body) >= _PROCESS_MIN_BYTES
-
-
 async def _convert_page(raw: _RawPage, max_tokens: int) -> _Page:
-    """Bytes -> `_Page` off the event loop: a child process or a worker thread."""
-    if _wants_child(raw):
+    """Bytes -> `_Page` off the event loop: in a worker process (or a thread)."""
+    _refuse_at_once(raw)
+    if _CONVERTER.usable():
         page = await _convert_in_child(raw, max_tokens)
         if page is not None:
             return page
-    return await asyncio.to_thread(_convert, raw, max_tokens)
+    return await asyncio.to_thread(_convert_budgeted, raw, max_tokens)
+
+
+def _refuse_at_once(raw: _RawPage) -> None:
+    """Page errors the first bytes show, so no worker is needed for them."""
+    if not raw.body:
+        raise _PageError("the page is empty")
+    kind, label = _classify(raw.content_type, raw.body)  # looks at the head only
+    if kind == "binary":
+        raise _PageError(f"the URL points to {label}, not a readable page")
+    if kind == "pdf" and raw.truncated:
+        raise _PageError("the PDF is larger than the download limit")
 
 
 async def _convert_in_child(raw: _RawPage, max_tokens: int) -> _Page | None:
-    """`_convert` in a child process; None when the child could not do it.
+    """`_convert` in a worker process; None when no worker could be started.
 
-    A page error found by the child is raised as usual. The caller's timeout
-    bounds the child: on cancellation it is killed, and it is always waited
-    for, so no process is left behind.
+    A page error found by the worker is raised as usual. The caller's deadline
+    bounds the page: on timeout or cancellation the worker is killed and
+    reaped, so nothing goes on converting after the tool answered.
     """
-    header = {
-        "url": raw.final_url,
-        "content_type": raw.content_type,
-        "cut": raw.truncated,
-        "max_tokens": max_tokens,
-        "path": [entry for entry in sys.path if isinstance(entry, str)],
-    }
-    async with _CONVERTER.slot():
-        try:
-            child = await asyncio.create_subprocess_exec(
-                sys.executable,
-                # Isolated (no cwd on the path, no PYTHON* variables) and without
-                # `site` (~30 ms): `_converter_main` takes the server's sys.path.
-                "-I",
-                "-S",
-                "-c",
-                _CHILD_BOOT,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-        except (OSError, NotImplementedError, RuntimeError, ValueError) as exc:
-            log.info("no converter process (%s): converting in a thread", exc)
+    async with _CONVERTER.slot(), asyncio.timeout(_MAX_CONVERT_SECONDS):
+        worker = _CONVERTER.take_idle() or await _start_worker()
+        if worker is None:
             return None
-        program = _CONVERTER.program.encode()
-        lines = b"%d\n%s%s\n" % (len(program), program, json.dumps(header).encode())
+        answer: dict = {}
         try:
-            out, err = await _talk_to_child(child, lines, raw.body)
+            answer = await _run_job(worker, raw, max_tokens)
+        except _WorkerGoneError as exc:
+            # Killed (the OOM killer, an administrator) or crashed: converting
+            # the same document inside the server could do the same harm there.
+            raise _PageError(
+                "the page could not be converted (its converter was stopped)"
+            ) from exc
         finally:
-            await _stop_child(child)
-    return _child_answer(raw, child.returncode, out, err)
-
-
-async def _talk_to_child(
-    child: asyncio.subprocess.Process, head: bytes, body: bytes
-) -> tuple[bytes, bytes]:
-    """Send the program and header, then the body; read stdout and stderr."""
-    stdin, stdout, stderr = child.stdin, child.stdout, child.stderr
-    if stdin is None or stdout is None or stderr is None:  # all are pipes above
-        return b"", b""
-
-    async def feed() -> None:
-        # Slice by slice (no copies): the pipe transport would otherwise copy
-        # the whole body into its buffer, megabytes on the event loop at once.
-        try:
-            stdin.write(head)
-            view = memoryview(body)
-            for start in range(0, len(view), _PIPE_SLICE_BYTES):
-                stdin.write(view[start : start + _PIPE_SLICE_BYTES])
-                await stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the child stopped reading; its exit status tells why
-        finally:
-            stdin.close()
-
-    out, err, _ = await asyncio.gather(stdout.read(), stderr.read(), feed())
-    await child.wait()
-    return out, err
-
-
-async def _stop_child(child: asyncio.subprocess.Process) -> None:
-    """Kill the child if it still runs, then reap it (no zombie is left)."""
-    if child.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            child.kill()
-    await child.wait()
-
-
-def _child_answer(
-    raw: _RawPage, returncode: int | None, out: bytes, err: bytes
-) -> _Page | None:
-    """The child's page; raises its page error; None when it failed to run."""
-    if returncode is not None and returncode < 0:
-        # Killed by a signal (the OOM killer, an administrator): converting the
-        # same document inside the server could do the same harm there.
-        raise _PageError("the page could not be converted (its converter was stopped)")
-    try:
-        answer = json.loads(out.rstrip().rsplit(b"\n", 1)[-1])
-    except ValueError:
-        answer = None
-    if returncode != 0 or not isinstance(answer, dict):
-        _CONVERTER.failures += 1
-        log.warning(
-            "converter process failed (exit %s): %s",
-            returncode,
-            err.decode("utf-8", "replace").strip()[-300:],
-        )
-        return None
-    _CONVERTER.failures = 0
+            if not answer or not _CONVERTER.keep_idle(worker):
+                await _discard(worker)
     if "error" in answer:
         raise _PageError(str(answer["error"]))
     return _Page(
         raw.final_url, str(answer["title"]), str(answer["text"]), raw.redirects
     )
+
+
+async def _run_job(worker: _Worker, raw: _RawPage, max_tokens: int) -> dict:
+    """Send one page to the worker and read its answer."""
+    header = {
+        "size": len(raw.body),
+        "url": raw.final_url,
+        "content_type": raw.content_type,
+        "cut": raw.truncated,
+        "max_tokens": max_tokens,
+        "seconds": _MAX_CONVERT_SECONDS + 5,
+    }
+    await _send(worker, json.dumps(header).encode() + b"\n", raw.body)
+    answer = await _receive(worker)
+    if not isinstance(answer, dict) or not ("error" in answer or "text" in answer):
+        raise _WorkerGoneError("not a converter answer")
+    return answer
+
+
+def _spawn_worker() -> subprocess.Popen | None:
+    """Start the interpreter of a worker (it takes milliseconds: vfork + exec)."""
+    command = [sys.executable, "-I", "-S", "-c", _CHILD_BOOT]
+    try:
+        # Isolated (no cwd on the path, no PYTHON* variables) and without
+        # `site` (~30 ms): `_converter_main` takes the server's sys.path.
+        return subprocess.Popen(  # noqa: S603  (our own interpreter and code)
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        log.info("no converter process (%s): converting in a thread", exc)
+        return None
+
+
+async def _start_worker() -> _Worker | None:
+    """A new worker that said it is ready; None (converting in a thread) if none."""
+    process = _spawn_worker()
+    if process is None:
+        return None
+    worker = _Worker(process)
+    setup = {
+        "path": [entry for entry in sys.path if isinstance(entry, str)],
+        "warm": list(_WARM_IMPORTS),
+    }
+    program = _CONVERTER.program.encode()
+    try:
+        for name in ("stdin", "stdout", "stderr"):
+            os.set_blocking(worker.fd(name), False)
+        await _send(worker, b"%d\n%s" % (len(program), program))
+        await _send(worker, json.dumps(setup).encode() + b"\n")
+        ready = await _receive(worker) == {"ready": True}
+    except _WorkerGoneError:
+        ready = False
+    except NotImplementedError:  # an event loop that cannot watch pipes
+        log.info("the event loop cannot watch pipes: converting in threads")
+        _CONVERTER.disabled_until = float("inf")
+        await _discard(worker)
+        return None
+    except BaseException:  # cancelled or timed out while starting: not a failure
+        await _discard(worker)
+        raise
+    if not ready:
+        await _discard(worker, _stderr_tail(worker))
+        _CONVERTER.start_failures += 1
+        if _CONVERTER.start_failures >= _MAX_START_FAILURES:
+            _CONVERTER.start_failures = 0
+            _CONVERTER.disabled_until = time.monotonic() + _START_RETRY_SECONDS
+        return None
+    _CONVERTER.start_failures = 0
+    _close_stream(process.stderr)  # the worker sent its stderr to /dev/null
+    return worker
+
+
+def _stderr_tail(worker: _Worker) -> str:
+    """What a worker that failed to start wrote to stderr (its last line)."""
+    fd = worker.fd("stderr")
+    if fd < 0:
+        return ""
+    try:
+        data = os.read(fd, 65536)
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace").strip()[-300:]
+
+
+async def _discard(worker: _Worker, why: str | None = None) -> None:
+    """Kill the worker if it still runs, then reap it: no process is left behind."""
+    process = worker.process
+    if process.poll() is None:
+        with contextlib.suppress(OSError):
+            process.kill()
+    if why is not None:
+        log.warning(
+            "converter process failed to start (exit %s): %s", process.poll(), why
+        )
+    _close_pipes(process)
+    with _CONVERTER.lock:
+        _CONVERTER.dying.append(process)
+    # A killed process is gone within milliseconds; one still exiting after a
+    # second (or when this task is cancelled again) is reaped by a later call.
+    for _ in range(200):
+        if not _CONVERTER.reap():
+            return
+        await asyncio.sleep(0.005)
+
+
+async def _stop_idle_workers() -> None:
+    """Stop the warm workers (a fresh one starts for the next page)."""
+    while (worker := _CONVERTER.take_idle()) is not None:
+        await _discard(worker)
+
+
+def _close_pipes(process: subprocess.Popen) -> None:
+    for stream in (process.stdin, process.stdout, process.stderr):
+        _close_stream(stream)
+
+
+def _close_stream(stream: Any) -> None:
+    if stream is not None:
+        with contextlib.suppress(OSError):
+            stream.close()
+
+
+async def _send(worker: _Worker, *parts: bytes) -> None:
+    """Write to the worker's stdin slice by slice, never blocking the loop."""
+    fd = worker.fd("stdin")
+    for part in parts:
+        view = memoryview(part)
+        while view:
+            try:
+                written = os.write(fd, view[:_PIPE_SLICE_BYTES])
+            except BlockingIOError:
+                await _fd_ready(fd, write=True)
+                continue
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise _WorkerGoneError("the worker stopped reading") from exc
+            view = view[written:]
+
+
+async def _receive(worker: _Worker) -> Any:
+    """One JSON line from the worker's stdout."""
+    fd = worker.fd("stdout")
+    parts: list[bytes] = []
+    while True:
+        try:
+            data = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            await _fd_ready(fd, write=False)
+            continue
+        if not data:
+            raise _WorkerGoneError("the worker exited")
+        end = data.find(b"\n")
+        if end >= 0:
+            parts.append(data[:end])
+            break
+        parts.append(data)
+    try:
+        return json.loads(b"".join(parts))
+    except ValueError as exc:
+        raise _WorkerGoneError("the worker answered something else") from exc
+
+
+async def _fd_ready(fd: int, write: bool) -> None:
+    """Wait until a pipe can be read or written (NotImplementedError if no way)."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    if write:
+        loop.add_writer(fd, wake)
+    else:
+        loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        if write:
+            loop.remove_writer(fd)
+        else:
+            loop.remove_reader(fd)
+
+
+# -- the fallback: a linear-time HTML reader with hard caps ---------------------------
+
+# Without a worker process, HTML is read up to this many characters and tags
+# (a 1 MB article has ~40,000): the reader is linear at ~10 µs a tag, so this
+# caps the thread's time at about half a second whatever the page.
+_FALLBACK_MAX_HTML_CHARS = 1_500_000
+_FALLBACK_MAX_TAGS = 50_000
+_FALLBACK_TAG = re.compile(r"(/?)([a-zA-Z][^\s/>]*)")
+# An unterminated quote runs to the end of the tag instead of failing, so no
+# attribute is ever scanned twice.
+_FALLBACK_ATTRIBUTE = re.compile(
+    r"""([^\s"'>/=]+)(?:\s*=\s*(?:"([^"]*)"?|'([^']*)'?|([^\s>]*)))?"""
+)
+
+
+def _convert_budgeted(raw: _RawPage, max_tokens: int) -> _Page:
+    """`_convert` without a worker process (in a thread): HTML in linear time.
+
+    PDFs still go through pypdf here: only when no worker process can run at
+    all, as before there was one.
+    """
+    return _convert(raw, max_tokens, _html_to_text_linear)
+
+
+def _html_to_text_linear(html: str, base_url: str, char_limit: int) -> tuple[str, str]:
+    """`_html_to_text` with a tokenizer that looks at every character O(1) times.
+
+    Tags, comments and script bodies are found with `str.find` from where the
+    last one ended; a `<` without a `>` after it makes the rest text. The
+    reader's nesting caps (`_MAX_NESTING`) keep the text building linear.
+    """
+    parser = _HtmlToText(base_url)
+    html = html[:_FALLBACK_MAX_HTML_CHARS]
+    lower = html.lower()
+    pos, end = 0, len(html)
+    for _tag in range(_FALLBACK_MAX_TAGS):
+        if pos >= end or parser.main.size > char_limit:
+            break
+        start = html.find("<", pos)
+        start = end if start < 0 else start
+        if start > pos:  # text; more than the limit is never needed
+            parser.handle_data(unescape(html[pos : min(start, pos + char_limit + 1)]))
+        pos = _read_markup(parser, html, lower, start) if start < end else end
+    parser.handle_data("")
+    return parser.result()
+
+
+def _read_markup(parser: _HtmlToText, html: str, lower: str, start: int) -> int:
+    """Handle the markup at `html[start] == "<"`; where reading goes on."""
+    if html.startswith("<!--", start):
+        close = html.find("-->", start + 2)  # "<!-->" is an empty comment too
+        return len(html) if close < 0 else close + 3
+    tag = _FALLBACK_TAG.match(html, start + 1)
+    if tag is None and html[start + 1 : start + 2] not in ("!", "?"):
+        parser.handle_data("<")  # a lone "<" in text
+        return start + 1
+    close = html.find(">", start + 1)
+    if close < 0:
+        parser.handle_data(unescape(html[start:]))
+        return len(html)
+    if tag is None:  # <!doctype …>, <?xml …?>
+        return close + 1
+    if tag.group(1):
+        parser.handle_endtag(tag.group(2).lower())
+        return close + 1
+    return _read_start_tag(parser, html, lower, tag, close)
+
+
+def _read_start_tag(
+    parser: _HtmlToText, html: str, lower: str, tag: re.Match[str], close: int
+) -> int:
+    """Handle a start tag ending at `close` (and a script's or style's text)."""
+    name = tag.group(2).lower()
+    inside = html[tag.end() : close]
+    attrs: list[tuple[str, str | None]] = [
+        (m.group(1).lower(), unescape(next((v for v in m.groups()[1:] if v), "")))
+        for m in _FALLBACK_ATTRIBUTE.finditer(inside)
+    ]
+    if inside.endswith("/"):
+        parser.handle_startendtag(name, attrs)
+        return close + 1
+    parser.handle_starttag(name, attrs)
+    if name not in ("script", "style"):
+        return close + 1
+    finish = lower.find(f"</{name}", close + 1)  # raw text up to its end tag
+    if finish < 0:
+        return len(html)
+    parser.handle_data(html[close + 1 : finish])
+    parser.handle_endtag(name)
+    after = html.find(">", finish)
+    return len(html) if after < 0 else after + 1
 
 
 # ----------------------------------------------------------------------------
@@ -853,10 +1200,20 @@ class _Target:
         return f"{self.scheme}://{self.host_header}{self.path}"
 
 
+# Lookups run on threads of their own (getaddrinfo blocks and cannot be
+# stopped): a slow resolver holds at most these, and nothing else (TLS setup,
+# joins, the fallback converter, other tools) can make a lookup wait its turn.
+_DNS_THREADS = 8
+_DNS_EXECUTOR = ThreadPoolExecutor(_DNS_THREADS, thread_name_prefix="visit-dns")
+# A lookup's own limit; it also counts against the page timeout (`_get_page`).
+_DNS_TIMEOUT_SECONDS = 10.0
+
+
 async def _resolve(host: str) -> list[str]:
     """Resolve a host name to IP addresses (the single DNS seam)."""
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    lookup = functools.partial(socket.getaddrinfo, host, None, type=socket.SOCK_STREAM)
+    infos = await loop.run_in_executor(_DNS_EXECUTOR, lookup)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
@@ -951,7 +1308,10 @@ async def _host_addresses(host: str) -> list[str]:
         # that resolvers expand; legitimate sites never use them.
         raise _RefusedError("numeric host names in non-standard form are not read")
     try:
-        addresses = await _resolve(host)
+        async with asyncio.timeout(_DNS_TIMEOUT_SECONDS):
+            addresses = await _resolve(host)
+    except TimeoutError as exc:
+        raise _RefusedError(f"could not resolve {host} (DNS timed out)") from exc
     except (OSError, UnicodeError) as exc:
         raise _RefusedError(f"could not resolve {host}") from exc
     if not addresses:
@@ -1138,39 +1498,90 @@ class _BoundedDecoder:
     """Content-Encoding decoder that never produces more than asked for.
 
     httpx's own decoder inflates a whole network chunk at once, so a gzip bomb
-    could allocate far beyond the size cap; zlib's `max_length` cannot.
+    could allocate far beyond the size cap; zlib's `max_length` cannot. The
+    stream's end is the body's end: gzip members that follow are inflated
+    (up to `_MAX_GZIP_MEMBERS`), anything else after it is not read at all
+    (`finished` tells the reader to stop), so junk after the compressed data
+    is neither accumulated nor waited for.
     """
 
     def __init__(self, encoding: str) -> None:
         encoding = encoding.strip().lower()
+        self.finished = False  # the body ended: read no more
+        self.cut = False  # ... and more members followed than are read
+        self._members = 0
+        self._between = b""  # bytes after a gzip member, too few to tell
         if encoding in ("", "identity"):
-            self._inflater = None
+            self._wbits = 0
         elif encoding in ("gzip", "x-gzip"):
-            self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            self._wbits = 16 + zlib.MAX_WBITS
         elif encoding == "deflate":
-            self._inflater = zlib.decompressobj(32 + zlib.MAX_WBITS)
+            self._wbits = 32 + zlib.MAX_WBITS
         else:
             raise _PageError(f"unsupported content encoding {encoding!r}")
+        self._inflater = self._next_member() if self._wbits else None
+
+    def _next_member(self) -> Any:
+        self._members += 1
+        return zlib.decompressobj(self._wbits)
 
     def feed(self, data: bytes, limit: int) -> bytes:
+        """Up to `limit` decoded bytes of `data`; sets `finished` at the end."""
         if self._inflater is None:
             return data[:limit]
-        try:
-            return self._inflater.decompress(data, limit)
-        except zlib.error as exc:
-            raise _PageError("the compressed response is corrupt") from exc
+        out: list[bytes] = []
+        while data and limit > 0 and not self.finished:
+            if self._inflater.eof:
+                data = self._after_member(self._between + data)
+                if not data:
+                    break
+            try:
+                piece = self._inflater.decompress(data, limit)
+            except zlib.error as exc:
+                raise _PageError("the compressed response is corrupt") from exc
+            out.append(piece)
+            limit -= len(piece)
+            # After the end of a stream zlib keeps (a copy of) the rest of the
+            # input in unused_data: handle it now, never feed it more data.
+            data = self._inflater.unused_data if self._inflater.eof else b""
+        return b"".join(out)
+
+    def _after_member(self, data: bytes) -> bytes:
+        """The next gzip member's bytes, or b"" (waiting, or finished)."""
+        self._between = b""
+        if self._wbits != 16 + zlib.MAX_WBITS or not data.startswith(
+            b"\x1f\x8b"[: len(data)]
+        ):
+            self.finished = True  # not a gzip member: the body ends here
+            return b""
+        if len(data) < 2:
+            self._between = data  # one byte: the next chunk tells
+            return b""
+        if self._members >= _MAX_GZIP_MEMBERS:
+            self.finished = self.cut = True
+            return b""
+        self._inflater = self._next_member()
+        return data
 
 
+# Gzip members in one body: real ones have one, rarely a few. Each member's
+# end makes zlib copy the rest of the chunk, so the count is capped.
+_MAX_GZIP_MEMBERS = 64
 _THREAD_JOIN_BYTES = 1_000_000
 
 
 async def _read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
-    """Stream the body, decoded, up to `cap` bytes; report whether it was cut."""
+    """Stream the body, decoded, up to `cap` bytes; report whether it was cut.
+
+    `cap` bounds what crosses the wire as well as what it decodes to: a body
+    whose compressed bytes go past it is cut there, whatever they inflate to.
+    """
     decoder = _BoundedDecoder(response.headers.get("content-encoding", ""))
     chunks: list[bytes] = []
-    size = 0
+    size = wire = 0
     cut = False
     async for raw in response.aiter_raw():
+        wire += len(raw)
         piece = decoder.feed(raw, cap - size + 1)
         size += len(piece)
         if size > cap:  # one byte over: the body goes on past the cap
@@ -1178,6 +1589,12 @@ async def _read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]
             cut = True
             break
         chunks.append(piece)
+        if decoder.finished:
+            cut = decoder.cut
+            break
+        if wire > cap:
+            cut = True
+            break
     return await _joined(chunks), cut
 
 
@@ -1812,7 +2229,7 @@ class Tools:
         MAX_DOWNLOAD_BYTES: int = Field(
             default=10_000_000,
             ge=10_000,
-            description="Body size cap, after decompression.",
+            description="Body size cap, on the wire and after decompression.",
         )
         PAGE_TIMEOUT_SECONDS: float = Field(
             default=30, gt=0, description="Time to read a page."
@@ -1956,13 +2373,16 @@ async def _visit_one(url: str, ctx: "_CallContext") -> _Outcome:
 async def _get_page(url: str, ctx: "_CallContext") -> _Page:
     """Safety check first, then the chat's cache, then a loader."""
     valves = ctx.valves
-    target = await _check_url(url, valves.ALLOW_PRIVATE_URLS)
+    # One wall-clock budget for the page, the DNS lookup of the check included.
+    deadline = asyncio.get_running_loop().time() + valves.PAGE_TIMEOUT_SECONDS
+    async with asyncio.timeout_at(deadline):
+        target = await _check_url(url, valves.ALLOW_PRIVATE_URLS)
     key = (ctx.chat_id, target.url)
     use_cache = bool(ctx.chat_id) and valves.CACHE_TTL_SECONDS > 0
     cached = _PAGE_CACHE.get(key, valves.CACHE_TTL_SECONDS) if use_cache else None
     if cached is not None:
         return cached
-    async with asyncio.timeout(valves.PAGE_TIMEOUT_SECONDS):
+    async with asyncio.timeout_at(deadline):
         page = await _load(target, ctx)
     if use_cache:
         _PAGE_CACHE.put(key, page)

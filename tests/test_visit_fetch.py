@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -201,6 +202,7 @@ async def test_pypdf_missing_gives_a_clear_message(
     monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
     if where == "worker thread":
         monkeypatch.setattr(vt._CONVERTER, "program", "")
+    await vt._stop_idle_workers()  # a worker takes sys.path when it starts
     events = Events()
     result = await make_tool(extractor).visit(
         url=site.url("/pdf"), goal="g", __event_emitter__=events
@@ -223,14 +225,14 @@ async def test_huge_page_is_cut_to_the_token_budget(site: Any, extractor: Any) -
 
 async def test_gzip_bomb_is_cut_while_inflating(site: Any, extractor: Any) -> None:
     seen: list[int] = []
-    original = vt._convert
+    original = vt._convert_page
 
-    def spy(raw: Any, max_tokens: int) -> Any:
+    async def spy(raw: Any, max_tokens: int) -> Any:
         seen.append(len(raw.body))
-        return original(raw, max_tokens)
+        return await original(raw, max_tokens)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(vt, "_convert", spy)
+        patch.setattr(vt, "_convert_page", spy)
         tool = make_tool(extractor, MAX_DOWNLOAD_BYTES=300_000)
         result = await tool.visit(url=site.url("/bomb-text"), goal="g")
     assert seen == [300_000]  # 50 MB on the wire after inflating; 300 kB read
@@ -348,18 +350,22 @@ async def test_concurrency_is_capped(site: Any, extractor: Any) -> None:
 async def test_heavy_conversion_runs_off_the_event_loop(
     site: Any, extractor: Any
 ) -> None:
-    threads: list[threading.Thread] = []
-    original = vt._html_to_text
+    in_server: list[Any] = []
+    workers: list[int] = []
+    original = vt._run_job
 
-    def spy(*args: Any) -> Any:
-        threads.append(threading.current_thread())
-        return original(*args)
+    async def job(worker: Any, raw: Any, max_tokens: int) -> Any:
+        workers.append(worker.process.pid)
+        return await original(worker, raw, max_tokens)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(vt, "_html_to_text", spy)
-        await make_tool(extractor).visit(url=site.url("/article"), goal="g")
-    assert threads
-    assert threads[0] is not threading.main_thread()
+        patch.setattr(vt, "_html_to_text", lambda *a: in_server.append(a))
+        patch.setattr(vt, "_run_job", job)
+        result = await make_tool(extractor).visit(url=site.url("/article"), goal="g")
+    assert "# Solar panel efficiency in 2024" in evidence_of(result)
+    assert in_server == []  # not a thread of the server: a worker process
+    assert len(workers) == 1
+    assert workers[0] != os.getpid()
 
 
 # -- Open WebUI's loader, in each version's shape -----------------------------------

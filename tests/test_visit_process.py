@@ -1,11 +1,13 @@
-"""Big documents are converted in a child process, never on the event loop.
+"""Every page is converted in a worker process, never in the server.
 
-The child runs the convert section of visit_tool.py, copied from the file while
-the module is imported. These tests check that it gives exactly what the
-in-thread conversion gives, that it needs neither the package nor the file
-afterwards (Open WebUI deletes it), and that a child that cannot start, breaks,
-is killed, hangs or is cancelled never leaves a process behind nor hides a page:
-each case either falls back to the thread or reports a clear reason.
+The worker runs the convert section of visit_tool.py, copied from the file while
+the module is imported, and stays warm for the next page. These tests check
+that it gives exactly what the in-process conversion gives, that it needs
+neither the package nor the file afterwards (Open WebUI deletes it), and that a
+worker that cannot start, breaks, is killed, hangs or is cancelled never leaves
+a process behind nor hides a page: a worker that cannot start falls back to the
+budgeted converter in a thread; one that breaks on a page reports a clear
+reason, and page content never switches the workers off.
 
 Child processes are counted in /proc (Linux), zombies included.
 """
@@ -21,7 +23,7 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,14 @@ vt = load_visit_tool("visit_tool_process_tests")
 
 HUNG = "import time\ntime.sleep(120)\n"
 KILLED = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
+# Starts like the real worker, then dies on the first page it is sent.
+KILLED_ON_PAGE = (
+    "import json, os, signal, sys\n"
+    "sys.stdin.buffer.readline()\n"
+    "print(json.dumps({'ready': True}), flush=True)\n"
+    "sys.stdin.buffer.readline()\n"
+    "os.kill(os.getpid(), signal.SIGKILL)\n"
+)
 BROKEN = "import sys\nsys.exit(3)\n"
 GARBLED = "print('this is not the converter')\n"
 
@@ -97,11 +107,14 @@ async def wait_for_children(count: int, before: set[int]) -> set[int]:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(vt._CONVERTER, "failures", 0)
+async def _fresh_state(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
+    await vt._stop_idle_workers()  # each test starts its own workers
+    monkeypatch.setattr(vt._CONVERTER, "start_failures", 0)
+    monkeypatch.setattr(vt._CONVERTER, "disabled_until", 0.0)
     vt._PAGE_CACHE.clear()
     yield
     vt._PAGE_CACHE.clear()
+    await vt._stop_idle_workers()
 
 
 @pytest.fixture
@@ -127,7 +140,7 @@ async def test_child_result_equals_the_in_thread_conversion(name: str) -> None:
     expected = vt._convert(raw, 2000)
     page = await vt._convert_in_child(raw, 2000)
     assert page == expected
-    assert vt._CONVERTER.failures == 0
+    assert vt._CONVERTER.start_failures == 0
 
 
 @pytest.mark.parametrize(
@@ -147,7 +160,7 @@ async def test_child_page_errors_are_the_same_page_errors(
     with pytest.raises(vt._PageError, match=reason) as in_child:
         await vt._convert_in_child(raw, 1000)
     assert str(in_child.value) == str(in_thread.value)
-    assert vt._CONVERTER.failures == 0  # a bad page is not a broken child
+    assert vt._CONVERTER.start_failures == 0  # a bad page is not a broken child
 
 
 def test_the_child_program_is_the_convert_section_alone() -> None:
@@ -193,14 +206,22 @@ def test_the_child_program_defines_every_name_it_uses() -> None:
 # -- which documents go to a child ---------------------------------------------------
 
 
-async def test_pdfs_and_big_html_go_to_a_child_small_pages_to_a_thread(
-    child_runs: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(vt, "_PROCESS_MIN_BYTES", len(LONG_HTML) - 1)
-    big = DOCUMENTS["long html, cut"]
-    for raw in (DOCUMENTS["pdf"], big, DOCUMENTS["article"], DOCUMENTS["plain text"]):
-        assert await vt._convert_page(raw, 2000) == vt._convert(raw, 2000)
-    assert child_runs == [DOCUMENTS["pdf"].final_url, big.final_url]
+async def test_every_page_goes_to_one_warm_child(child_runs: list[str]) -> None:
+    pids: set[int] = set()
+    original = vt._run_job
+
+    async def spy(worker: Any, raw: Any, max_tokens: int) -> Any:
+        pids.add(worker.process.pid)
+        return await original(worker, raw, max_tokens)
+
+    pages = [DOCUMENTS[name] for name in sorted(DOCUMENTS)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vt, "_run_job", spy)
+        for raw in pages:  # small HTML and plain text too: no size threshold
+            assert await vt._convert_page(raw, 2000) == vt._convert(raw, 2000)
+    assert child_runs == [raw.final_url for raw in pages]
+    assert len(pids) == 1  # one worker, reused page after page
+    assert os.getpid() not in pids
 
 
 async def test_a_pdf_cut_by_the_download_limit_needs_no_child(
@@ -232,7 +253,7 @@ async def test_no_python_to_start_falls_back_to_a_thread(
     raw = DOCUMENTS["pdf"]
     assert await vt._convert_in_child(raw, 2000) is None
     assert await vt._convert_page(raw, 2000) == vt._convert(raw, 2000)
-    assert vt._CONVERTER.failures == 0  # may be passing: try again next time
+    assert vt._CONVERTER.start_failures == 0  # may be passing: try again next time
 
 
 @pytest.mark.parametrize("program", [BROKEN, GARBLED])
@@ -242,21 +263,43 @@ async def test_a_broken_child_falls_back_then_stops_being_tried(
     monkeypatch.setattr(vt._CONVERTER, "program", program)
     raw = DOCUMENTS["pdf"]
     expected = vt._convert(raw, 2000)
-    for _ in range(vt._MAX_CHILD_FAILURES + 2):
+    for _ in range(vt._MAX_START_FAILURES + 2):
         assert await vt._convert_page(raw, 2000) == expected
-    assert len(child_runs) == vt._MAX_CHILD_FAILURES
+    assert len(child_runs) == vt._MAX_START_FAILURES
+    # Not for ever: after a while a worker is tried again.
+    monkeypatch.setattr(vt._CONVERTER, "disabled_until", 0.0)
+    assert await vt._convert_page(raw, 2000) == expected
+    assert len(child_runs) == vt._MAX_START_FAILURES + 1
 
 
-async def test_a_killed_child_is_reported_not_retried_in_the_server(
+@needs_proc
+async def test_a_child_killed_before_it_is_ready_is_a_start_failure(
     monkeypatch: pytest.MonkeyPatch, child_runs: list[str]
 ) -> None:
     monkeypatch.setattr(vt._CONVERTER, "program", KILLED)
+    before = child_pids()
+    raw = DOCUMENTS["pdf"]
+    assert await vt._convert_page(raw, 2000) == vt._convert(raw, 2000)
+    assert vt._CONVERTER.start_failures == 1
+    assert child_pids() - before == set()
+
+
+@needs_proc
+async def test_a_child_killed_on_a_page_is_reported_never_switched_off(
+    monkeypatch: pytest.MonkeyPatch, child_runs: list[str]
+) -> None:
+    monkeypatch.setattr(vt._CONVERTER, "program", KILLED_ON_PAGE)
     threads: list[str] = []
     monkeypatch.setattr(vt, "_convert", lambda *args: threads.append("ran"))
-    with pytest.raises(vt._PageError, match="its converter was stopped"):
-        await vt._convert_page(DOCUMENTS["pdf"], 2000)
-    assert threads == []
-    assert len(child_runs) == 1
+    before = child_pids()
+    for _ in range(vt._MAX_START_FAILURES + 2):  # pages can kill it, any number
+        with pytest.raises(vt._PageError, match="its converter was stopped"):
+            await vt._convert_page(DOCUMENTS["pdf"], 2000)
+    assert threads == []  # never retried inside the server
+    assert len(child_runs) == vt._MAX_START_FAILURES + 2
+    assert vt._CONVERTER.usable()
+    assert vt._CONVERTER.start_failures == 0
+    assert child_pids() - before == set()
 
 
 async def test_a_module_without_a_file_converts_in_threads() -> None:
@@ -282,7 +325,10 @@ async def test_the_child_works_after_the_tool_file_is_deleted(tmp_path: Path) ->
     path.unlink()
     raw = DOCUMENTS["pdf"]
     expected = vt._convert(raw, 2000)
-    page = await module._convert_in_child(raw, 2000)
+    try:
+        page = await module._convert_in_child(raw, 2000)
+    finally:
+        await module._stop_idle_workers()
     assert page is not None
     assert (page.title, page.text) == (expected.title, expected.text)
 
@@ -310,6 +356,7 @@ async def test_a_hung_child_is_killed_at_the_page_timeout(
     assert vt.FAILURE_EVIDENCE in result
     assert f"Could not read {site.url('/pdf')}: timed out" in statuses
     assert child_pids() - before == set()
+    assert vt._CONVERTER.start_failures == 0  # too slow is not broken
 
 
 @needs_proc
