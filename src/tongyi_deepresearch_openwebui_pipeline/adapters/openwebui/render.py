@@ -78,7 +78,9 @@ def defuse_reasoning(text: str) -> str:
     return text.translate(_TAG_STARTS)
 
 
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~&\"'])")
+#: What can start markup inside link text (emphasis, code, links, images,
+#: HTML, tables, strikethrough, entities); other punctuation is left readable.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]()<>!|~&])")
 _URL_UNSAFE = re.compile(r"[\s()<>\[\]\"'`\\]")
 
 
