@@ -178,3 +178,94 @@ def test_several_results_keep_template_shape():
     assert message.startswith("<tool_response>") and message.endswith(
         "</tool_response>"
     )
+
+
+# -- hostile sizes: strict JSON at C speed, json5 only for small calls --
+
+MAX_TOKENS_CHARS = 40_000  # MAX_TOKENS (10,000 tokens) of output, ~4 chars each
+
+
+@pytest.fixture
+def json5_calls(monkeypatch):
+    """Records the size of every text handed to the slow json5 parser."""
+    from tongyi_deepresearch_openwebui_pipeline.core import toolcalls
+
+    sizes: list[int] = []
+    real = toolcalls._json5.loads
+
+    def counting(text, *args, **kwargs):
+        sizes.append(len(text))
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(toolcalls._json5, "loads", counting)
+    return sizes
+
+
+def test_strict_json_of_the_largest_size_never_reaches_json5(json5_calls):
+    goal = "x" * MAX_TOKENS_CHARS
+    raw = json.dumps(
+        {"name": "visit", "arguments": {"url": ["https://a.b"], "goal": goal}}
+    )
+    call = parse_tool_call(raw.replace('"goal": "', '"goal": "line\n'))
+    assert isinstance(call, ToolCall) and call.arguments["goal"].endswith("x")
+    assert json5_calls == []
+
+
+def test_long_call_that_is_not_strict_json_gets_an_error_not_json5(json5_calls):
+    from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import (
+        LENIENT_MAX_CHARS,
+        needs_lenient_parse,
+    )
+
+    for size in (LENIENT_MAX_CHARS + 1, 10_000, MAX_TOKENS_CHARS):
+        raw = "{'name': 'search', 'arguments': {'query': ['" + "a" * size + "']}}"
+        assert not needs_lenient_parse(raw)
+        call = parse_tool_call(raw)
+        assert isinstance(call, CallError)
+        assert "strict JSON" in call.message and '{"name": "visit"' in call.message
+    assert json5_calls == []
+
+
+def test_long_string_encoded_arguments_are_capped_too(json5_calls):
+    inner = "{'query': ['" + "a" * 10_000 + "']}"
+    raw = json.dumps({"name": "search", "arguments": inner})
+    call = parse_tool_call(raw)
+    assert isinstance(call, CallError) and "strict JSON" in call.message
+    assert json5_calls == []
+
+
+def test_small_lenient_calls_still_work_and_are_flagged_for_a_worker(json5_calls):
+    from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import (
+        needs_lenient_parse,
+    )
+
+    raw = "{'name': 'search', 'arguments': {'query': ['a']}}"
+    assert needs_lenient_parse(raw)
+    assert parse_tool_call(raw) == ToolCall("search", {"query": ["a"]})
+    assert not needs_lenient_parse('{"name": "search", "arguments": {"query": ["a"]}}')
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "{" + " " * MAX_TOKENS_CHARS + "}",  # whitespace runs (regex backtracking)
+        "```" + " \n" * (MAX_TOKENS_CHARS // 2) + "x",
+        '{"name": "search", "arguments": ' + "[" * MAX_TOKENS_CHARS + "}",
+        "<code>" * (MAX_TOKENS_CHARS // 6),
+        "{" * MAX_TOKENS_CHARS,
+    ],
+)
+def test_hostile_shapes_of_the_largest_size_are_cheap(raw, json5_calls):
+    import time
+
+    from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import (
+        LENIENT_MAX_CHARS,
+    )
+
+    started = time.process_time()
+    call = parse_tool_call(raw)
+    assert isinstance(call, CallError)
+    assert all(size <= LENIENT_MAX_CHARS for size in json5_calls)
+    # CPU time with a wide margin: the old fence regex took ~12 s on the
+    # first input; linear parsing takes milliseconds.
+    assert time.process_time() - started < 2.0

@@ -7,6 +7,9 @@ source lists are kept, and list/multimodal content becomes text because the
 chat template renders non-string content as nothing. System messages that Open
 WebUI injects (the model's system prompt, file context) are not lost: they are
 placed before the reference system prompt, where the preamble goes.
+Chat-template control tokens (``<|im_start|>``…) in any earlier message are
+defused with the same neutraliser as tool output: earlier answers, pasted
+text and the file context Open WebUI injects all go back into the request.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .toolcalls import neutralise_control_tokens
 
 IMAGE_OMITTED = "[An image was attached here; this model reads text only.]"
 #: Ends a cut-off answer when the model's reply is retried. Everything before
@@ -85,7 +90,7 @@ def split_conversation(
     turns: list[dict[str, str]] = []
     for message in messages:
         role = message.get("role")
-        text = content_text(message.get("content"))
+        text = neutralise_control_tokens(content_text(message.get("content")))
         if role == "system":
             if text.strip():
                 system.append(text.strip())

@@ -18,6 +18,14 @@ Decisions beyond the reference agent (each has a test):
   text as an unmarked answer rather than looping.
 - The wrap-up message is appended as its own user message instead of
   overwriting the last tool result, unless the context is too full to keep it.
+- The time limit is wall-clock and holds during a model turn and during
+  tools, not only between rounds. A turn still thinking when it runs out is
+  dropped and the wrap-up gets `Limits.wrap_up_seconds` of grace; a turn
+  already writing its answer may finish it within that grace; tools still
+  running are cancelled and answer the model with `TIME_LIMIT_TOOL`. A
+  wrap-up that overruns its grace ends the run with what was written.
+- Calls that are not strict JSON are parsed by json5 in a worker thread
+  (`toolcalls.needs_lenient_parse`), never on the event loop.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from .toolcalls import (
     CallError,
     ToolCall,
     check_call,
+    needs_lenient_parse,
     parse_tool_call,
     wrap_response,
     wrap_responses,
@@ -78,6 +87,14 @@ TOO_MANY_CALLS = (
     "Repeat it in your next turn if you still need it."
 )
 DROPPED_RESULT = "This tool result was removed to make room for the final answer."
+TIME_LIMIT_TOOL = (
+    "Error: the research time limit was reached before this tool finished; "
+    "it was stopped and returned nothing."
+)
+
+
+class _OutOfTimeError(Exception):
+    """The wall-clock deadline passed while a model turn was streaming."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +108,8 @@ class Limits:
     #: Context the server can actually hold (prompt + reply); 0 = unknown.
     model_context_tokens: int = 0
     max_output_tokens: int = 10000
+    #: Extra wall-clock time, past `max_seconds`, for the final answer.
+    wrap_up_seconds: float = 120.0
 
 
 @dataclass
@@ -145,6 +164,8 @@ def _fragment_events(fragments: list[Fragment]) -> list[Event]:
 class _TurnResult:
     turn: Turn
     finish_reason: str | None = None
+    #: The turn had started its ``<answer>`` (answer text was shown).
+    answering: bool = False
 
 
 class ResearchLoop:
@@ -164,6 +185,8 @@ class ResearchLoop:
         self.tools = tools
         self.limits = limits
         self.clock = clock
+        # The event loop's timer saw the deadline pass (tools were stopped).
+        self._out_of_time_seen = False
 
     # -- the loop --
     async def run(self) -> AsyncIterator[Event]:
@@ -179,10 +202,16 @@ class ResearchLoop:
             yield RoundStarted(state.round, self.limits.max_rounds)
             result = _TurnResult(TurnParser().finish())
             try:
-                async for event in self._model_turn(result):
+                async for event in self._model_turn(
+                    result, self._deadline(), self._grace_deadline()
+                ):
                     yield event
             except ModelError as error:
                 yield self._finished("error", error=error.message)
+                return
+            except _OutOfTimeError:
+                async for event in self._out_of_time(result):
+                    yield event
                 return
             turn = result.turn
             state.messages.append({"role": "assistant", "content": turn.history_text})
@@ -203,27 +232,79 @@ class ResearchLoop:
             nudge = CUT_OFF_NUDGE if result.finish_reason == "length" else NO_CALL_NUDGE
             state.messages.append({"role": "user", "content": wrap_response(nudge)})
 
+    # -- deadlines --
+    def _deadline(self) -> float:
+        """The run's wall-clock deadline, in event-loop time."""
+        remaining = self.limits.max_seconds - (self.clock() - self.state.started)
+        return asyncio.get_running_loop().time() + max(remaining, 0.0)
+
+    def _grace_deadline(self) -> float:
+        """Deadline for the final answer: the run's, plus the wrap-up grace."""
+        now = asyncio.get_running_loop().time()
+        return max(self._deadline(), now) + self.limits.wrap_up_seconds
+
+    async def _out_of_time(self, result: _TurnResult) -> AsyncIterator[Event]:
+        """The deadline passed mid-turn: keep a started answer, or wrap up."""
+        if not result.answering:
+            # The unfinished turn is dropped; the wrap-up asks for the answer.
+            async for event in self._wrap_up("time_limit"):
+                yield event
+            return
+        # It was writing its answer and overran even the grace: keep that.
+        turn = result.turn
+        self.state.messages.append({"role": "assistant", "content": turn.history_text})
+        yield self._finished(
+            "time_limit",
+            answer=(turn.answer or "").strip(),
+            answer_marked=turn.answer_closed,
+        )
+
     # -- one model call --
-    async def _model_turn(self, result: _TurnResult) -> AsyncIterator[Event]:
-        state = self.state
+    async def _model_turn(
+        self, result: _TurnResult, deadline: float, answer_deadline: float
+    ) -> AsyncIterator[Event]:
+        """Stream one model turn into ``result``, bounded in wall-clock time.
+
+        The turn must end by ``deadline``, or by ``answer_deadline`` once it
+        has started its answer. Past it the stream is cancelled, ``result.turn``
+        holds what was parsed so far and `_OutOfTimeError` is raised.
+        """
         parser = TurnParser()
-        sent = len(state.messages)
-        async for chunk in self.model.stream(list(state.messages)):
-            if isinstance(chunk, ModelDelta):
-                fragments = parser.feed_reasoning(chunk.reasoning) + parser.feed(
-                    chunk.content
-                )
-                for event in _fragment_events(fragments):
-                    yield event
-            elif isinstance(chunk, ModelUsage):
-                yield self._count_usage(chunk, sent)
-            elif isinstance(chunk, ModelFinish):
-                result.finish_reason = chunk.reason
-            elif isinstance(chunk, ModelRetry):
-                parser = TurnParser()
-                yield ModelRetrying(
-                    chunk.attempt, chunk.max_attempts, chunk.reason, chunk.delay
-                )
+        sent = len(self.state.messages)
+        stream = aiter(self.model.stream(list(self.state.messages)))
+        try:
+            while True:
+                limit = answer_deadline if result.answering else deadline
+                try:
+                    async with asyncio.timeout_at(limit):
+                        chunk = await anext(stream)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    result.turn = parser.finish()
+                    raise _OutOfTimeError from None
+                if isinstance(chunk, ModelDelta):
+                    fragments = parser.feed_reasoning(chunk.reasoning) + parser.feed(
+                        chunk.content
+                    )
+                    for event in _fragment_events(fragments):
+                        result.answering |= isinstance(event, AnswerDelta)
+                        yield event
+                elif isinstance(chunk, ModelUsage):
+                    yield self._count_usage(chunk, sent)
+                elif isinstance(chunk, ModelFinish):
+                    result.finish_reason = chunk.reason
+                elif isinstance(chunk, ModelRetry):
+                    parser = TurnParser()
+                    result.answering = False
+                    yield ModelRetrying(
+                        chunk.attempt, chunk.max_attempts, chunk.reason, chunk.delay
+                    )
+        finally:
+            # A cancelled or abandoned turn must not leave the request open.
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()
         for event in _fragment_events(parser.flush()):
             yield event
         result.turn = parser.finish()
@@ -254,7 +335,7 @@ class ResearchLoop:
             if index >= limit:
                 planned.append(CallError(TOO_MANY_CALLS.format(limit=limit)))
                 continue
-            parsed = parse_tool_call(raw)
+            parsed = await _parse_off_loop(raw)
             planned.append(
                 check_call(parsed, available)
                 if isinstance(parsed, ToolCall)
@@ -263,7 +344,7 @@ class ResearchLoop:
         for index, call in enumerate(planned):
             yield ToolCallStarted(index, call.name, dict(call.arguments))
         started = self.clock()
-        outcomes = await asyncio.gather(*(self._run_one(call) for call in planned))
+        outcomes = await self._run_until_deadline(planned)
         seconds = self.clock() - started
         for index, (call, outcome) in enumerate(zip(planned, outcomes, strict=True)):
             self._tally(call, outcome)
@@ -278,6 +359,29 @@ class ResearchLoop:
         self.state.messages.append(
             {"role": "user", "content": wrap_responses(o.text for o in outcomes)}
         )
+
+    async def _run_until_deadline(
+        self, planned: list[ToolCall | CallError]
+    ) -> list[ToolOutcome]:
+        """Run the calls concurrently; any still running at the deadline stop."""
+        tasks = [asyncio.ensure_future(self._run_one(call)) for call in planned]
+        if not tasks:
+            return []
+        timeout = self._deadline() - asyncio.get_running_loop().time()
+        try:
+            _, running = await asyncio.wait(tasks, timeout=max(timeout, 0.0))
+            self._out_of_time_seen |= bool(running)
+        finally:
+            # Also on cancellation of the run itself: nothing is left running.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return [
+            task.result()
+            if not task.cancelled()
+            else ToolOutcome(TIME_LIMIT_TOOL, ok=False)
+            for task in tasks
+        ]
 
     async def _run_one(self, call: ToolCall | CallError) -> ToolOutcome:
         if isinstance(call, CallError):
@@ -316,7 +420,7 @@ class ResearchLoop:
         state, limits = self.state, self.limits
         if state.round >= limits.max_rounds:
             return "round_limit"
-        if self.clock() - state.started >= limits.max_seconds:
+        if self._out_of_time_seen or self.clock() - state.started >= limits.max_seconds:
             return "time_limit"
         if state.round > 0 and state.context_tokens() > self._context_limit():
             return "context_limit"
@@ -328,20 +432,28 @@ class ResearchLoop:
         state.messages.append({"role": "user", "content": WRAP_UP_MESSAGE})
         self._make_room_for_answer()
         result = _TurnResult(TurnParser().finish())
+        cut_short = False
         try:
-            async for event in self._model_turn(result):
+            grace = self._grace_deadline()
+            async for event in self._model_turn(result, grace, grace):
                 yield event
         except ModelError as error:
             yield self._finished("error", error=error.message)
             return
+        except _OutOfTimeError:
+            # Even the grace ran out: end with whatever answer was written.
+            reason = "time_limit"
+            cut_short = True
         turn = result.turn
         state.messages.append({"role": "assistant", "content": turn.history_text})
         if turn.answer is not None:
-            yield self._finished(reason, answer=turn.answer.strip())
+            yield self._finished(
+                reason, answer=turn.answer.strip(), answer_marked=turn.answer_closed
+            )
         elif turn.stray_text:
             yield self._finished(reason, answer=turn.stray_text, answer_marked=False)
         else:
-            yield self._finished("no_answer")
+            yield self._finished("time_limit" if cut_short else "no_answer")
 
     def _make_room_for_answer(self) -> None:
         """Drop the last tool result when even the wrap-up would not fit."""
@@ -374,3 +486,10 @@ class ResearchLoop:
             error=error,
             answer_marked=answer_marked,
         )
+
+
+async def _parse_off_loop(raw: str) -> ToolCall | CallError:
+    """Parse a call; the slow JSON5 fallback runs in a worker thread."""
+    if needs_lenient_parse(raw):
+        return await asyncio.to_thread(parse_tool_call, raw)
+    return parse_tool_call(raw)

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .toolcalls import neutralise_control_tokens
+
 FragmentKind = Literal["think", "text", "answer"]
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -69,10 +71,12 @@ class Turn:
 
         ``<think>\\n{reasoning}\\n</think>\\n\\n{rest}``: the exact layout the
         chat template renders for assistant turns, whichever way the server
-        delivered the reasoning.
+        delivered the reasoning. Chat-template control tokens the model wrote
+        (``<|im_start|>system``) are defused: this text goes back into the next
+        request, where a server could read them as real turn boundaries.
         """
-        visible = self.visible.strip()
-        reasoning = self.reasoning.strip()
+        visible = neutralise_control_tokens(self.visible.strip())
+        reasoning = neutralise_control_tokens(self.reasoning.strip())
         if not reasoning:
             return visible
         return f"<think>\n{reasoning}\n</think>\n\n{visible}".rstrip()

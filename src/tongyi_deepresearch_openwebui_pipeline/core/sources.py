@@ -161,43 +161,99 @@ def source_event(source: Source) -> dict[str, Any]:
 
 # -- rewriting the answer --
 
-_URL_PART = r"(?:[^()\s<>]|\([^()\s]*\))+"
+#: Longest Markdown link (from its "[" to its ")") and bare URL that get a
+#: citation; longer ones are left as written. They also bound what the
+#: streaming rewriter holds back.
+MAX_LINK_CHARS = 2048
+MAX_URL_CHARS = 2048
+_GROUP = r"\([^()\s]{0,256}\)"  # "(planet)" inside a URL
+_URL_PART = r"(?:[^()\s<>]|" + _GROUP + r"){1,2048}"
 _MD_LINK = re.compile(
-    r"(!?)\[([^\[\]\n]*)\]\((<?https?://" + _URL_PART + r">?)(\s+\"[^\"]*\")?\)"
+    r"(!?)\[([^\[\]\n]{0,2048})\]\((<?https?://"
+    + _URL_PART
+    + r">?)([ \t]+\"[^\"\n]{0,2048}\")?\)"
 )
+_URL_CHARS = r"(?:[^\s()\[\]<>\"']|" + _GROUP + r")"
 _BARE_URL = re.compile(
-    r"<https?://[^\s<>]+>|(?<!\w)https?://(?:[^\s()\[\]<>\"']|\([^\s()]*\))+"
+    r"<https?://[^\s<>]{1,2048}>|(?<!\w)https?://" + _URL_CHARS + r"++"
 )
+#: What continues a URL from the start of a text (after an over-long one).
+_URL_CONTINUATION = re.compile(_URL_CHARS + r"*+")
+#: An unclosed "(" at the end of a URL that may still become a group.
+_PARTIAL_GROUP = re.compile(r"\([^()\s]{0,256}")
+_OPEN_AUTOLINK = re.compile(r"<https?://[^\s<>]*")
 _MODEL_CITE = re.compile(r"(?<![\\\]])\[(\d{1,3}(?:\s*[,\-–]\s*\d{1,3})*)\](?!\()")
+_IMAGE_BRACKET = re.compile(r"(?<=!)\[")
 _URL_TRAILING = ".,;:!?'\"*_"
+
+#: Tags Open WebUI or the browser would act on: reasoning blocks and cards it
+#: parses out of the text, and elements that load remote content. A "<"
+#: starting one gets a zero-width space after it and shows as plain text.
+_ACTIVE_TAG = re.compile(
+    r"<(?=\||/?(?:details|summary|think|thinking|reason|reasoning|thought|img|"
+    r"image|picture|source|video|audio|iframe|frame|frameset|embed|object|svg|"
+    r"math|link|style|script|input|base|meta|track|form|body)(?![\w-]))",
+    re.IGNORECASE,
+)
+#: The end of a text that may still become such a tag: "<", "</de", "<im".
+_TAG_TAIL = re.compile(r"</?[A-Za-z]{0,12}$")
+ZERO_WIDTH_SPACE = "\u200b"
+_REASONING_MARK = str.maketrans({"◁": "◁" + ZERO_WIDTH_SPACE})
 
 
 def _cite(source: Source | None) -> str:
     return f" [{source.number}]" if source else f" {UNVERIFIED_MARK}"
 
 
+def _links(text: str) -> list[re.Match[str]]:
+    """The Markdown links/images in ``text``, left to right, none too long."""
+    found: list[re.Match[str]] = []
+    position = 0
+    while (match := _MD_LINK.search(text, position)) is not None:
+        bracket = match.start() + len(match.group(1))
+        if match.end() - bracket > MAX_LINK_CHARS:
+            position = match.start() + 1  # not a link: its "[" is plain text
+            continue
+        found.append(match)
+        position = match.end()
+    return found
+
+
 def _rewrite_complete(text: str, ledger: SourceLedger) -> str:
     """Rewrite a piece of text that holds no unfinished link or URL."""
     pieces: list[str] = []
     position = 0
-    for match in _MD_LINK.finditer(text):
+    for match in _links(text):
         pieces.append(_rewrite_plain(text[position : match.start()], ledger))
-        link = match.group(0)
-        if match.group(1):  # an image: leave it alone
-            pieces.append(link)
-        else:
-            url = match.group(3).strip("<>")
-            pieces.append(link + _cite(ledger.match(url)))
+        pieces.append(_rewrite_link(match, ledger))
         position = match.end()
     pieces.append(_rewrite_plain(text[position:], ledger))
-    return "".join(pieces)
+    return _ACTIVE_TAG.sub("<" + ZERO_WIDTH_SPACE, "".join(pieces))
+
+
+def _rewrite_link(match: re.Match[str], ledger: SourceLedger) -> str:
+    link = match.group(0)
+    url = match.group(3).strip("<>")
+    if not match.group(1):
+        return link + _cite(ledger.match(url))
+    if ledger.match(url) is not None:
+        return link  # an image the agent itself read
+    # Any other remote image would be fetched by the browser as the chat
+    # renders: a page can ask the model to put data in its URL. It is shown
+    # as text (the URL stays visible and clickable), never loaded.
+    inner = link[1:].replace("[", "\\[", 1).replace("](", "\\](", 1)
+    return "!" + inner + f" {UNVERIFIED_MARK}"
 
 
 def _rewrite_plain(text: str, ledger: SourceLedger) -> str:
     text = _MODEL_CITE.sub(r"\\[\1\\]", text)
+    # "![" that is not a complete image link (reference images and the like).
+    text = _IMAGE_BRACKET.sub(r"\\[", text)
 
     def bare(match: re.Match[str]) -> str:
         url = match.group(0)
+        if len(url) > MAX_URL_CHARS:
+            return url
         if url.startswith("<"):  # an autolink: <https://…>
             return url + _cite(ledger.match(url[1:-1]))
         trailing = ""
@@ -216,25 +272,79 @@ def rewrite_answer(text: str, ledger: SourceLedger) -> str:
 
 
 class CitationRewriter:
-    """Streaming `rewrite_answer`: ``feed`` pieces, then ``flush``."""
+    """Streaming `rewrite_answer`: ``feed`` pieces, then ``flush``.
+
+    Work is amortised linear in the input: held-back text (at most about
+    `MAX_LINK_CHARS`) is examined again at once only while it is short, and
+    otherwise only after as much new text again has arrived. Releasing later
+    never changes the output, only when it appears.
+    """
+
+    #: Held-back text this short is re-examined on every piece.
+    RECHECK_AT_ONCE = 64
 
     def __init__(self, ledger: SourceLedger) -> None:
         """Rewrite against ``ledger``."""
         self._ledger = ledger
         self._pending = ""
+        self._arrived: list[str] = []
+        self._unexamined = 0
         # The last character already released: the context that decides
         # whether what follows starts a new word (and so may start a URL).
         self._before = " "
+        # The released text ends inside a URL too long to cite, which the
+        # next text may continue.
+        self._in_long_url = False
 
     def feed(self, text: str) -> str:
         """Consume a piece; return what is now safe to show."""
-        self._pending += text
-        cut = self._safe_prefix_length(self._pending)
-        return self._release(cut)
+        if not text:
+            return ""
+        self._arrived.append(text)
+        self._unexamined += len(text)
+        held = len(self._pending)
+        if held > self.RECHECK_AT_ONCE and self._unexamined < held:
+            return ""
+        return self._release_safe(final=False)
 
     def flush(self) -> str:
         """Release the rest."""
-        return self._release(len(self._pending))
+        return self._release_safe(final=True)
+
+    def _take_arrived(self) -> None:
+        if self._arrived:
+            self._pending += "".join(self._arrived)
+            self._arrived = []
+        self._unexamined = 0
+
+    def _release_safe(self, *, final: bool) -> str:
+        self._take_arrived()
+        out = ""
+        if self._in_long_url:
+            out = self._continue_long_url(final=final)
+            if self._in_long_url:
+                return out
+        if final:
+            return out + self._release(len(self._pending))
+        cut, long_url = self._safe_prefix(self._pending)
+        out += self._release(cut)
+        self._in_long_url = long_url
+        return out
+
+    def _continue_long_url(self, *, final: bool) -> str:
+        """Pass on, unchanged, the rest of a URL too long to cite."""
+        text = self._pending
+        continuation = _URL_CONTINUATION.match(text)  # matches "" at least
+        end = continuation.end() if continuation else 0
+        partial = _PARTIAL_GROUP.fullmatch(text, end)
+        still_growing = end == len(text) or partial is not None
+        # An unclosed "(" at the end stays held: it decides where the URL ends.
+        if final or not still_growing:
+            self._in_long_url = False
+        ready, self._pending = text[:end], text[end:]
+        if ready:
+            self._before = "a" if _word_char(ready[-1]) else ready[-1]
+        return ready.translate(_REASONING_MARK)
 
     def _release(self, cut: int) -> str:
         ready, self._pending = self._pending[:cut], self._pending[cut:]
@@ -247,44 +357,77 @@ class CitationRewriter:
         # join the next piece into a scheme ("h" + "ttps://").
         last = ready[-1]
         self._before = "a" if _word_char(last) else last
-        return rewritten
+        return rewritten.translate(_REASONING_MARK)
 
-    def _safe_prefix_length(self, text: str) -> int:
-        """Length of the prefix that cannot be part of an unfinished link/URL.
+    def _safe_prefix(self, text: str) -> tuple[int, bool]:
+        """(length of the prefix safe to release, whether it ends in a long URL).
 
         Holds back an unfinished ``[text](url)`` on the current line (links
-        never span lines) and a URL, or the start of one, in the last word.
+        never span lines), a URL that may still grow, the start of a scheme
+        or of a tag in the last few characters — each bounded in length.
         """
         hold = len(text)
         bracket = text.rfind("[")
-        if bracket >= 0 and _OPEN_LINK.match(text, bracket):
+        if (
+            bracket >= 0
+            and len(text) - bracket <= MAX_LINK_CHARS
+            and _OPEN_LINK.match(text, bracket)
+        ):
             hold = bracket
-        url = _url_start(text, self._before)
-        if url is not None:
-            hold = min(hold, url)
+        word_start = max(text.rfind(" "), text.rfind("\n"), text.rfind("\t")) + 1
+        autolink = text.rfind("<", word_start)
+        if (
+            autolink >= 0
+            and len(text) - autolink <= MAX_URL_CHARS + 2
+            and _OPEN_AUTOLINK.fullmatch(text, autolink)
+        ):
+            hold = min(hold, autolink)
+        growing = _growing_url(text, word_start, self._before)
+        if growing is not None:
+            start, end = growing
+            if end - start <= MAX_URL_CHARS:
+                hold = min(hold, start)
+            elif hold > start:
+                # Too long to cite: release it, and pass on its continuation.
+                return end, True
+        hold = min(hold, _partial_tail(text, word_start, self._before))
         # Never cut through a finished link: its URL was matched as a whole.
         for link in _MD_LINK.finditer(text):
             if link.start() < hold < link.end():
-                return link.start()
-        return hold
+                return link.start(), False
+        return hold, False
 
 
-def _url_start(text: str, previous: str) -> int | None:
-    """Where a URL that may still be growing starts in ``text``, if anywhere."""
-    word_start = max(text.rfind(" "), text.rfind("\n"), text.rfind("\t")) + 1
+def _growing_url(text: str, word_start: int, previous: str) -> tuple[int, int] | None:
+    """(start, end) of a bare URL in the last word that may still grow."""
+    context = previous if word_start == 0 else " "
+    probe = context + text[word_start:]
+    last = None
+    for last in _BARE_URL.finditer(probe):  # noqa: B007 - the last one is wanted
+        pass
+    if last is None or last.group(0).startswith("<"):
+        return None
+    end = last.end()
+    if end != len(probe) and _PARTIAL_GROUP.fullmatch(probe, end) is None:
+        return None
+    offset = word_start - 1
+    return max(last.start() + offset, 0), end + offset
+
+
+def _partial_tail(text: str, word_start: int, previous: str) -> int:
+    """Where a scheme ("htt") or a tag ("<ifr") may be starting at the end."""
+    tag = _TAG_TAIL.search(text, max(0, len(text) - 16))
+    hold = tag.start() if tag else len(text)
     word = text[word_start:]
     context = previous if word_start == 0 else " "
-    starts = [match.start() - 1 for match in _SCHEME.finditer(context + word)]
-    if starts:
-        return word_start + max(starts[0], 0)
     for size in range(min(len(_LONGEST_SCHEME), len(word)), 0, -1):
         tail = word[-size:]
         before = word[-size - 1] if size < len(word) else context
         if _word_char(before):
             continue
         if any(scheme.startswith(tail) for scheme in _SCHEMES):
-            return len(text) - size
-    return None
+            return min(hold, len(text) - size)
+    return hold
 
 
 def _word_char(char: str) -> bool:
@@ -293,8 +436,8 @@ def _word_char(char: str) -> bool:
 
 _SCHEMES = ("http://", "https://", "<http://", "<https://")
 _LONGEST_SCHEME = "<https://"
-_SCHEME = re.compile(r"<?(?<!\w)https?://")
 # An opening bracket whose link may still be growing: "[te", "[text]", "[t](htt".
 _OPEN_LINK = re.compile(
-    r"\[[^\[\]\n]*(\](\((?:[^()\s]|\([^()\s]*\))*(\([^()\s]*)?(\s+\"[^\"\n]*\"?)?)?)?$"
+    r"\[[^\[\]\n]*(\](\((?:[^()\s]|\([^()\s]*\))*(\([^()\s]*)?"
+    r"([ \t]+(\"[^\"\n]*\"?[ \t]*)?)?)?)?$"
 )

@@ -23,8 +23,8 @@ except ImportError:  # pragma: no cover - json5 is a declared dependency
 PYTHON_TOOL = "PythonInterpreter"
 PYTHON_FORMAT_ERROR = "[Python Interpreter Error]: Formatting error."
 
-_FENCE = re.compile(r"^\s*```(?:json|json5)?\s*|\s*```\s*$", re.IGNORECASE)
 _CODE = re.compile(r"<code>(.*?)(?:</code>|$)", re.DOTALL)
+_FENCE_OPENINGS = ("```json5", "```json", "```")
 
 
 @dataclass(frozen=True)
@@ -45,21 +45,92 @@ class CallError:
     arguments: Mapping[str, Any] = field(default_factory=dict)
 
 
-def _loads_lenient(text: str) -> Any:
-    text = _FENCE.sub("", text.strip())
+#: Longest call (or string-encoded ``arguments``) the lenient JSON5 parser may
+#: read. json5 is pure Python and costs about 22 µs per character (measured:
+#: 4,000 characters ≈ 90 ms of CPU), so it only ever sees calls this small, and
+#: the loop runs it in a worker thread. Strict JSON (C speed) has no such limit.
+LENIENT_MAX_CHARS = 4000
+
+
+class _TooLongForLenientError(ValueError):
+    """Not strict JSON, and too long to hand to the slow lenient parser."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+def _json_span(text: str) -> str:
+    """The JSON object inside a call: fences and surrounding prose removed.
+
+    Plain string operations (linear): a regex for the fences backtracks
+    quadratically over long runs of whitespace.
+    """
+    text = text.strip()
+    for opening in _FENCE_OPENINGS:
+        if text[: len(opening)].lower() == opening:
+            text = text[len(opening) :]
+            break
+    text = text.removesuffix("```")
     start, end = text.find("{"), text.rfind("}")
     if start >= 0 and end > start:
         text = text[start : end + 1]
+    return text.strip()
+
+
+def _loads_strict(text: str) -> Any:
+    """Strict JSON at C speed; raw newlines inside strings are tolerated."""
+    return json.loads(text, strict=False)
+
+
+def _loads_lenient(text: str) -> Any:
+    text = _json_span(text)
     try:
-        return json.loads(text)
+        return _loads_strict(text)
     except ValueError:
         if _json5 is None:
             raise
+    if len(text) > LENIENT_MAX_CHARS:
+        raise _TooLongForLenientError(len(text))
     try:
         return _json5.loads(text)
     except ValueError:
         # Models sometimes put raw newlines inside JSON strings.
         return _json5.loads(text.replace("\r", "").replace("\n", "\\n"))
+
+
+def needs_lenient_parse(raw: str) -> bool:
+    """Whether `parse_tool_call` would fall back to the slow JSON5 parser.
+
+    True when the call is not strict JSON but small enough for json5; the
+    loop then parses it in a worker thread so the event loop never stalls.
+    """
+    code_match = _CODE.search(raw)
+    head = _json_span(raw[: code_match.start()] if code_match else raw)
+    try:
+        payload = _loads_strict(head)
+    except (ValueError, RecursionError):
+        return len(head) <= LENIENT_MAX_CHARS
+    arguments = payload.get("arguments") if isinstance(payload, dict) else None
+    if not isinstance(arguments, str) or not arguments.strip():
+        return False
+    try:
+        _loads_strict(_json_span(arguments))
+    except (ValueError, RecursionError):
+        return len(_json_span(arguments)) <= LENIENT_MAX_CHARS
+    return False
+
+
+def too_long_for_lenient(size: int) -> str:
+    """Model-facing error for a long call that is not strict JSON."""
+    return (
+        f"Error: this tool call is {size:,} characters long and is not valid "
+        f"strict JSON. A call longer than {LENIENT_MAX_CHARS:,} characters must "
+        "be strict JSON: keys and strings in double quotes, no comments, no "
+        "trailing commas. A valid call looks like: "
+        '{"name": "visit", "arguments": {"url": ["https://example.org/page"], '
+        '"goal": "what to find on the page"}}'
+    )
 
 
 def _is_python_tool(name: str) -> bool:
@@ -69,6 +140,11 @@ def _is_python_tool(name: str) -> bool:
 def parse_tool_call(raw: str) -> ToolCall | CallError:
     """Parse the inside of one ``<tool_call>`` block.
 
+    Strict JSON is tried first (C speed, any size up to the output limit);
+    the lenient JSON5 parser only reads calls of at most `LENIENT_MAX_CHARS`
+    (see `needs_lenient_parse`), and a longer call that is not strict JSON
+    gets a model-facing error with an example.
+
     The PythonInterpreter form is recognised by the tool *name* (never by the
     word "python" appearing somewhere in the call): its code sits in
     ``<code>…</code>`` after the JSON, or, as some models write it, in
@@ -76,7 +152,10 @@ def parse_tool_call(raw: str) -> ToolCall | CallError:
     """
     code_match = _CODE.search(raw)
     head = raw[: code_match.start()] if code_match else raw
-    payload = _call_payload(head)
+    try:
+        payload = _call_payload(head)
+    except _TooLongForLenientError as error:
+        return CallError(too_long_for_lenient(error.size))
     if payload is None:
         return CallError(INVALID_TOOL_CALL)
     name, arguments = payload
@@ -89,9 +168,14 @@ def parse_tool_call(raw: str) -> ToolCall | CallError:
 
 
 def _call_payload(text: str) -> tuple[str, dict[str, Any]] | None:
-    """(name, arguments) from the JSON part of a call, or None if unusable."""
+    """(name, arguments) from the JSON part of a call, or None if unusable.
+
+    Raises `_TooLongForLenientError` for a long call that is not strict JSON.
+    """
     try:
         payload = _loads_lenient(text)
+    except _TooLongForLenientError:
+        raise
     except (ValueError, RecursionError):
         return None
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
@@ -100,6 +184,8 @@ def _call_payload(text: str) -> tuple[str, dict[str, Any]] | None:
     if isinstance(arguments, str):
         try:
             arguments = _loads_lenient(arguments) if arguments.strip() else {}
+        except _TooLongForLenientError:
+            raise
         except (ValueError, RecursionError):
             return None
     if not isinstance(arguments, dict):
@@ -189,7 +275,18 @@ def neutralise(result: str) -> str:
     while staying readable.
     """
     result = _RESPONSE_TAG.sub(r"[\1tool_response]", result)
-    return _SPECIAL_TOKEN.sub(r"<\1>", result)
+    return neutralise_control_tokens(result)
+
+
+def neutralise_control_tokens(text: str) -> str:
+    """Defuse chat-template control tokens (``<|im_start|>`` → ``<im_start>``).
+
+    Used on every text that goes back into a request: tool output, the
+    model's own turns and the earlier chat. A server that tokenises special
+    tokens inside message text would otherwise let that text end the turn or
+    open a forged system message.
+    """
+    return _SPECIAL_TOKEN.sub(r"<\1>", text)
 
 
 def wrap_response(result: str) -> str:

@@ -13,14 +13,22 @@ overwritten by the yielded text on 0.12):
 
 Status lines (round n of N, what is being searched or read, tokens and cost)
 and sources go through the event emitter.
+
+Nothing the model or a page writes can forge this markup: reasoning text gets
+a zero-width space after every ``<`` and ``◁`` (so ``</think>`` or
+``<details type="tool_calls">`` inside it are plain text), tool results sit
+HTML-escaped in an attribute, the answer's tags are defused by the citation
+rewriter, and page titles and URLs in "Sources read" are escaped.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from ...core.events import (
     TERMINATION_TEXT,
@@ -52,6 +60,38 @@ class Display:
     tool_cards: bool = True
     summary: bool = True
     usage: bool = True
+
+
+#: Breaks every tag-like sequence in reasoning text while displaying the same.
+ZERO_WIDTH_SPACE = "\u200b"
+_TAG_STARTS = str.maketrans({"<": "<" + ZERO_WIDTH_SPACE, "◁": "◁" + ZERO_WIDTH_SPACE})
+
+
+def defuse_reasoning(text: str) -> str:
+    """Reasoning text that cannot close its block or open another one.
+
+    Open WebUI ends a reasoning block at ``</think>`` (or ``◁/think▷``…) and
+    renders ``<details …>`` cards anywhere in the content; a zero-width
+    space after each ``<`` and ``◁`` stops every such tag, per character, so
+    it holds however the text is split into deltas.
+    """
+    return text.translate(_TAG_STARTS)
+
+
+#: What can start markup inside link text (emphasis, code, links, images,
+#: HTML, tables, strikethrough, entities); other punctuation is left readable.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]()<>!|~&])")
+_URL_UNSAFE = re.compile(r"[\s()<>\[\]\"'`\\]")
+
+
+def markdown_text(text: str) -> str:
+    """``text`` shown literally inside Markdown (link text included)."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+
+
+def markdown_url(url: str) -> str:
+    """An http(s) URL safe inside ``[text](url)``: no way out of the parens."""
+    return _URL_UNSAFE.sub(lambda m: quote(m.group(0), safe=""), url)
 
 
 def _attribute(value: Any) -> str:
@@ -127,7 +167,8 @@ def sources_list(ledger: SourceLedger) -> str:
     if not ledger.sources:
         return ""
     items = "\n".join(
-        f"{source.number}. [{source.title}]({source.url})" for source in ledger.sources
+        f"{source.number}. [{markdown_text(source.title)}]({markdown_url(source.url)})"
+        for source in ledger.sources
     )
     return f"\n\n**Sources read**\n\n{items}\n"
 
@@ -163,6 +204,7 @@ class ChatRenderer:
     def _think(self, text: str) -> str:
         if not self.display.thinking:
             return ""
+        text = defuse_reasoning(text)
         if self._in_think:
             return text
         if not text.strip():
