@@ -1870,13 +1870,30 @@ def _retry_delay(
     return backoff if waited is None else waited
 
 
-async def _openai_sdk() -> Any:
+# Modules imported whole by `_import_whole`. Not `sys.modules`: while one
+# thread runs a package's first import, sys.modules already holds the partly
+# initialised module, and a second visit reading it there would find no
+# `AsyncOpenAI` yet (two pages read at once did exactly that).
+_WHOLE_MODULES: dict[str, Any] = {}
+_IMPORT_LOCK = threading.Lock()
+
+
+def _import_whole(name: str) -> Any:
+    """Import `name` once, returning it only when its import has finished."""
+    with _IMPORT_LOCK:
+        module = _WHOLE_MODULES.get(name)
+        if module is None:
+            module = _WHOLE_MODULES[name] = importlib.import_module(name)
+        return module
+
+
+async def _openai_sdk(name: str = "openai") -> Any:
     """The `openai` package; the first import runs in a thread (it takes ~0.5 s)."""
-    module = sys.modules.get("openai")
+    module = _WHOLE_MODULES.get(name)
     if module is not None:
         return module
     try:
-        return await asyncio.to_thread(importlib.import_module, "openai")
+        return await asyncio.to_thread(_import_whole, name)
     except ImportError as exc:
         raise _ExtractorError(
             "the extractor needs the 'openai' Python package (pip install openai)"

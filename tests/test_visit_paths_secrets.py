@@ -513,9 +513,41 @@ async def test_without_the_openai_package_the_page_start_is_given(
     extractor: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "openai", None)  # as if not installed
+    monkeypatch.setattr(vt, "_WHOLE_MODULES", {})
     valves = vt.Tools.Valves(EXTRACTOR_BASE_URL=extractor.base_url)
     outcome = await vt._extract(vt._Page("u", "t", "Page text."), "g", valves)
     assert outcome.kind == "excerpt"
     assert outcome.evidence == "Page text."
     assert "'openai' Python package" in outcome.summary
     assert extractor.bodies == []
+
+
+async def test_a_package_being_imported_is_never_handed_out_half_initialised(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two pages read at once both need the SDK on first use. While the first
+    # import runs (in a thread), sys.modules already holds the partly initialised
+    # module: the second caller must wait for the whole module, not take that.
+    import threading
+
+    gate = SimpleNamespace(started=threading.Event(), release=threading.Event())
+    monkeypatch.setitem(sys.modules, "visit_import_gate", gate)
+    (tmp_path / "slow_sdk.py").write_text(
+        "import visit_import_gate as gate\n"
+        "gate.started.set()\n"
+        "gate.release.wait(30)\n"
+        "AsyncOpenAI = object\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(vt, "_WHOLE_MODULES", {})
+    monkeypatch.delitem(sys.modules, "slow_sdk", raising=False)
+
+    first = asyncio.create_task(vt._openai_sdk("slow_sdk"))
+    assert await asyncio.to_thread(gate.started.wait, 30)
+    assert "slow_sdk" in sys.modules  # the import is under way
+    second = asyncio.create_task(vt._openai_sdk("slow_sdk"))
+    for _ in range(5):  # let the second caller reach its own look-up
+        await asyncio.sleep(0)
+    gate.release.set()
+    modules = await asyncio.gather(first, second)
+    assert all(hasattr(module, "AsyncOpenAI") for module in modules)
