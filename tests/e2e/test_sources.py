@@ -9,6 +9,9 @@ import pytest
 
 from tests.fakes.openai_server import Reply, answer, tool_call
 from tests.fakes.pages import PageSite, page_text_from_prompt
+from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.render import (
+    markdown_text,
+)
 
 from .conftest import OwuiSession
 from .owui import ScriptedModel, ui_chat
@@ -74,7 +77,9 @@ async def test_citations_index_the_pages_that_were_read(
     assert f"{never_read} *(unverified)*" in content
     assert never_read not in urls
     # The list of sources read and the summary close the answer.
-    assert f"{html_n}. [{sources[html_n - 1]['source']['name']}]({html_url})" in content
+    # The title is shown Markdown-escaped ("&" as "\\&"), so a page cannot forge links.
+    title = markdown_text(sources[html_n - 1]["source"]["name"])
+    assert f"{html_n}. [{title}]({html_url})" in content
     assert (
         "Research summary" in content
         and "- Pages read: 2 of 2 requested (2 cited as sources)" in content
