@@ -28,7 +28,7 @@ import pytest
 
 from tests.fakes.client_watch import ClientWatch
 from tests.fakes.http import LocalServer
-from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
+from tests.fakes.openai_server import FakeOpenAI, Reply, StreamGate, answer, tool_call
 from tests.fakes.pages import PageSite
 from tests.fakes.searxng import FakeSearXNG
 from tests.test_faults import (
@@ -144,12 +144,22 @@ async def assert_next_chat_works(pipe: Pipe, fake: FakeOpenAI) -> None:
 
 async def test_stop_while_the_model_streams_its_reply() -> None:
     with no_handler_thread_survives(), FakeOpenAI() as fake:
+        # The server holds the rest of the reply until the client leaves: the
+        # chat is stopped mid-stream however fast or slow the machine is.
+        gate = StreamGate(
+            after="word word word",
+            client_gone=ClientWatch(fake.server).connection_closed,
+        )
         long_answer = answer("word " * 2000)
-        fake.script(Reply(content=long_answer, chunk_size=2, delay=0.002))
+        fake.script(Reply(content=long_answer, chunk_size=2, gates=(gate,)))
         pipe = real_tools_pipe(fake, {})
         run = Run(pipe)
-        await run.stop_when(lambda: "word word" in "".join(run.chunks), "streaming")
+        await run.stop_when(
+            lambda: gate.reached.is_set() and "word word" in "".join(run.chunks),
+            "streaming",
+        )
         await assert_clients_left([fake.server], [])
+        assert gate.released_by == "client left"
         streamed = "".join(run.chunks).count("word")
         assert 0 < streamed < 2000  # stopped in the middle
         await assert_next_chat_works(pipe, fake)

@@ -14,7 +14,15 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.fakes.openai_server import FakeOpenAI, Reply, Style, answer, tool_call
+from tests.fakes.client_watch import ClientWatch
+from tests.fakes.openai_server import (
+    FakeOpenAI,
+    Reply,
+    StreamGate,
+    Style,
+    answer,
+    tool_call,
+)
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
     ToolResolver,
 )
@@ -93,7 +101,13 @@ def make_pipe(fake: FakeOpenAI, **valves: Any) -> Pipe:
     return pipe
 
 
-async def drive(pipe: Pipe, messages: list[dict[str, Any]], **kwargs: Any):
+async def drive(
+    pipe: Pipe,
+    messages: list[dict[str, Any]],
+    gates: tuple[StreamGate, ...] = (),
+    **kwargs: Any,
+):
+    """Consume one chat; each of `gates` observes the output as it arrives."""
     events: list[dict[str, Any]] = []
 
     async def emitter(event: dict[str, Any]) -> None:
@@ -106,17 +120,20 @@ async def drive(pipe: Pipe, messages: list[dict[str, Any]], **kwargs: Any):
         "__metadata__": {"variables": {"{{CURRENT_DATE}}": "2026-11-22"}},
     }
     params.update(kwargs)
-    chunks = [
-        chunk
-        async for chunk in pipe.pipe({"messages": messages, "stream": True}, **params)
-    ]
+    chunks: list[str] = []
+    async for chunk in pipe.pipe({"messages": messages, "stream": True}, **params):
+        chunks.append(chunk)
+        for gate in gates:
+            gate.observe("".join(chunks))
     return "".join(chunks), chunks, events
 
 
 QUESTION = [{"role": "user", "content": "Who wrote it?"}]
 
 
-def research_script(style: Style) -> list[Reply]:
+def research_script(
+    style: Style, answer_gates: tuple[StreamGate, ...] = ()
+) -> list[Reply]:
     return [
         Reply(
             reasoning="I should search.",
@@ -137,16 +154,23 @@ def research_script(style: Style) -> list[Reply]:
                 "Also https://other.org/x."
             ),
             style=style,
-            delay=0.003,  # a model writes its answer over time
+            gates=answer_gates,
         ),
     ]
 
 
 @pytest.mark.parametrize("style", ["inline", "reasoning_content", "reasoning"])
 async def test_full_research_run_in_each_server_style(style):
+    # The server holds the rest of the answer back at each gate until the pipe's
+    # output shows the answer so far: a handshake, not a count of network reads.
+    gates = (
+        StreamGate(after="It was written"),
+        StreamGate(after="by Ada"),
+        StreamGate(after="Also"),
+    )
     with FakeOpenAI() as fake:
-        fake.script(*research_script(style))
-        text, chunks, events = await drive(make_pipe(fake), QUESTION)
+        fake.script(*research_script(style, gates))
+        text, _, events = await drive(make_pipe(fake), QUESTION, gates)
         bodies = fake.bodies
     # live reasoning blocks, one per round
     assert text.count("<think>") == 3 and "I should search." in text
@@ -159,9 +183,9 @@ async def test_full_research_run_in_each_server_style(style):
     # the answer streams in pieces and cites only the page that was read
     assert "It was written by Ada [see](https://example.org/who) [1]." in text
     assert "https://other.org/x *(unverified)*." in text
-    answer_region = text[text.index("It was written") : text.index("**Sources read**")]
-    streamed_pieces = [c for c in chunks if c.strip() and c in answer_region]
-    assert len(streamed_pieces) >= 5  # token by token, not one block at the end
+    # token by token, not one block at the end: each part reached the chat
+    # before the server sent the next
+    assert [gate.released_by for gate in gates] == ["opened"] * 3
     assert (
         "**Sources read**\n\n1. [Title of https://example.org/who](https://example.org/who)"
         in text
@@ -352,17 +376,27 @@ async def test_two_concurrent_chats_do_not_mix():
 
 async def test_cancelling_a_chat_leaves_no_task_or_connection():
     with FakeOpenAI() as fake:
-        fake.script(Reply(content=answer("x" * 4000), chunk_size=1, delay=0.002))
+        # The server holds the rest of the answer until the client leaves, so
+        # the chat is cancelled mid-answer however busy the machine is.
+        gate = StreamGate(
+            after="xxxx", client_gone=ClientWatch(fake.server).connection_closed
+        )
+        fake.script(Reply(content=answer("x" * 4000), chunk_size=1, gates=(gate,)))
         pipe = make_pipe(fake)
         before = asyncio.all_tasks()
         started = asyncio.Event()
 
         async def consume():
-            async for _chunk in pipe.pipe({"messages": QUESTION}, __user__={"id": "u"}):
-                started.set()
+            shown = ""
+            async for chunk in pipe.pipe({"messages": QUESTION}, __user__={"id": "u"}):
+                shown += chunk
+                if "xx" in shown:  # the answer is streaming
+                    started.set()
 
         task = asyncio.create_task(consume())
         await asyncio.wait_for(started.wait(), 10)
+        assert await asyncio.to_thread(gate.reached.wait, 10)  # the server holds
+        assert not task.done()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -372,6 +406,7 @@ async def test_cancelling_a_chat_leaves_no_task_or_connection():
                 break
             await asyncio.sleep(0.01)
         assert fake.server.open_connections == 0
+        assert gate.released_by == "client left"
 
 
 async def test_pipes_lists_one_model_cheaply():

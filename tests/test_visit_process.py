@@ -380,17 +380,28 @@ async def test_children_at_once_are_limited_per_event_loop(
     monkeypatch.setattr(vt._CONVERTER, "program", HUNG)
     monkeypatch.setattr(vt._CONVERTER, "max_children", 2)
     monkeypatch.setattr(vt._CONVERTER, "slots", type(vt._CONVERTER.slots)())
+    # Each conversion reaches the spawn in its first step unless the limit holds
+    # it back: counting spawns needs no "wait and see if a third child shows up".
+    spawns: list[tuple[Any, ...]] = []
+    spawn = asyncio.create_subprocess_exec
+
+    async def counted_spawn(*args: Any, **kwargs: Any) -> Any:
+        spawns.append(args)
+        return await spawn(*args, **kwargs)
+
+    monkeypatch.setattr(vt.asyncio, "create_subprocess_exec", counted_spawn)
     before = child_pids()
     tasks = [
         asyncio.create_task(vt._convert_page(DOCUMENTS["pdf"], 2000)) for _ in range(4)
     ]
     await wait_for_children(2, before)
-    await asyncio.sleep(0.3)  # room for a third child, were there no limit
     running = child_pids() - before
     waiting = [task for task in tasks if not task.done()]
+    spawned = len(spawns)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    assert spawned == 2
     assert len(running) == 2
     assert len(waiting) == 4
     assert child_pids() - before == set()

@@ -64,6 +64,14 @@ class ClientWatch:
 
         httpd.RequestHandlerClass = WatchedHandler
 
+    def connection_closed(self) -> bool:
+        """Whether the client of the request this handler thread serves has left.
+
+        Call it on the handler thread (from a route, or a `StreamGate` the route
+        holds at).
+        """
+        return client_gone(self._local.connection)
+
     def hold(self) -> str:
         """Block this handler until its client leaves or the server stops.
 

@@ -10,6 +10,11 @@ It streams real SSE over real HTTP in each style a real server uses:
 Faults on demand: HTTP errors (with ``Retry-After``), a stream cut mid-token,
 garbage SSE lines, an empty ``choices`` list, an empty reply and a server that
 never answers. Requests are recorded so tests can check what the model saw.
+
+Streaming without timing: a `StreamGate` holds the rest of a reply back until
+the test has seen its first part come out of the code under test, so "it
+streams" is proven by a handshake, not by counting network reads (which a busy
+machine coalesces).
 """
 
 from __future__ import annotations
@@ -25,6 +30,66 @@ from .http import LocalServer, Request, Response
 
 Style = Literal["inline", "reasoning_content", "reasoning"]
 Fault = Literal["drop", "garbage", "empty_choices", "hang", "hang_mid", "empty"]
+
+
+@dataclass
+class StreamGate:
+    """A point in a streamed reply where the server waits for the test.
+
+    The server sends the reply up to and including the delta that completes
+    `after` (matched in the reply's text as sent, reasoning and content), then
+    holds the rest until the test calls `open()`, typically through
+    `observe(output)` once the consumer's output contains `until_seen`
+    (default: `after`). Code that buffers the reply instead of streaming it
+    never shows that text while the server waits: after `timeout` seconds the
+    server sends the rest anyway and records `timed_out`, so the test fails on
+    `opened_by_consumer` instead of hanging. The wait also ends when the server
+    stops or, given `client_gone` (e.g. `ClientWatch.client_gone`, called on
+    the handler thread), when the client leaves; `released_by` says which.
+    """
+
+    after: str
+    until_seen: str = ""
+    timeout: float = 30.0
+    client_gone: Callable[[], bool] | None = None
+    reached: threading.Event = field(default_factory=threading.Event)
+    released_by: str = ""
+    _opened: threading.Event = field(default_factory=threading.Event)
+
+    def open(self) -> None:
+        """Let the server send the rest of the reply."""
+        self._opened.set()
+
+    def observe(self, output: str) -> None:
+        """Open the gate if the consumer's `output` so far shows the text."""
+        if (self.until_seen or self.after) in output:
+            self.open()
+
+    @property
+    def opened_by_consumer(self) -> bool:
+        """The server reached the gate and the test opened it in time."""
+        return self.released_by == "opened"
+
+    @property
+    def timed_out(self) -> bool:
+        """Nobody opened the gate: the server sent on after `timeout`."""
+        return self.released_by == "timed out"
+
+    def hold(self, stopping: threading.Event) -> None:
+        """Server side: wait for `open()`, the client leaving or the deadline."""
+        self.reached.set()
+        deadline = time.monotonic() + self.timeout
+        while not self._opened.wait(0.02):
+            if stopping.is_set():
+                self.released_by = "server stopped"
+                return
+            if self.client_gone is not None and self.client_gone():
+                self.released_by = "client left"
+                return
+            if time.monotonic() >= deadline:
+                self.released_by = "timed out"
+                return
+        self.released_by = "opened"
 
 
 @dataclass
@@ -44,6 +109,7 @@ class Reply:
     fault: Fault | None = None
     delay: float = 0.0
     finish_reason: str = "stop"
+    gates: tuple[StreamGate, ...] = ()
 
     def full_inline(self) -> str:
         """The whole text as a raw model would write it."""
@@ -216,6 +282,8 @@ class FakeOpenAI:
             yield b"data: [DONE]\n\n"
             return
         deltas = list(self._deltas(reply))
+        gates = list(reply.gates)
+        sent = ""
         for index, delta in enumerate(deltas):
             if reply.fault == "garbage" and index == 1:
                 yield b": keep-alive\n\nnot an sse line\n\ndata: {broken json\n\n"
@@ -226,6 +294,10 @@ class FakeOpenAI:
             if reply.delay:
                 time.sleep(reply.delay)
             yield self._chunk(delta)
+            # Resumed only once the server has written and flushed that chunk.
+            sent += "".join(str(v) for v in delta.values() if v)
+            while gates and gates[0].after in sent:
+                gates.pop(0).hold(self.server.stopping)
         yield self._chunk({}, reply.finish_reason)
         include_usage = (body.get("stream_options") or {}).get("include_usage")
         if reply.usage and include_usage:

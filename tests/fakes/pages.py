@@ -198,6 +198,10 @@ class PageSite:
         self.active = 0
         self.max_active = 0
         self._lock = threading.Lock()
+        # Opt-in: /track/ requests wait (up to 10 s) until this many were in
+        # flight at once, so concurrency shows however busy the machine is.
+        self.track_together = 1
+        self._tracked = threading.Condition(self._lock)
         self.server = LocalServer(self._routes())
 
     def _routes(self) -> dict:
@@ -307,10 +311,21 @@ class PageSite:
         return Response.text(f"Held page {name} content.")
 
     def _track(self, request: Request) -> Response:
-        """Counts how many requests run at once (for the concurrency cap)."""
+        """Counts how many requests run at once (for the concurrency cap).
+
+        Each request stays 0.2 s, time for any request beyond a cap to show up.
+        """
         with self._lock:
             self.active += 1
             self.max_active = max(self.max_active, self.active)
+            self._tracked.notify_all()
+            self._tracked.wait_for(
+                lambda: (
+                    self.max_active >= self.track_together
+                    or self.server.stopping.is_set()
+                ),
+                timeout=10,
+            )
         try:
             self.server.stopping.wait(0.2)
         finally:

@@ -1,0 +1,13 @@
+"""Settings shared by the whole suite."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+# Property tests must not depend on how fast the machine is: no per-example
+# deadline and no "data generation too slow" health check, which a busy machine
+# (scripts/test-busy) trips while proving nothing about the code.
+settings.register_profile(
+    "suite", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("suite")
