@@ -382,14 +382,15 @@ async def test_children_at_once_are_limited_per_event_loop(
     monkeypatch.setattr(vt._CONVERTER, "slots", type(vt._CONVERTER.slots)())
     # Each conversion reaches the spawn in its first step unless the limit holds
     # it back: counting spawns needs no "wait and see if a third child shows up".
-    spawns: list[tuple[Any, ...]] = []
-    spawn = asyncio.create_subprocess_exec
+    spawns: list[Any] = []
+    spawn = vt._spawn_worker
 
-    async def counted_spawn(*args: Any, **kwargs: Any) -> Any:
-        spawns.append(args)
-        return await spawn(*args, **kwargs)
+    def counted_spawn() -> Any:
+        process = spawn()
+        spawns.append(process)
+        return process
 
-    monkeypatch.setattr(vt.asyncio, "create_subprocess_exec", counted_spawn)
+    monkeypatch.setattr(vt, "_spawn_worker", counted_spawn)
     before = child_pids()
     tasks = [
         asyncio.create_task(vt._convert_page(DOCUMENTS["pdf"], 2000)) for _ in range(4)
