@@ -44,6 +44,9 @@ class Reply:
     fault: Fault | None = None
     delay: float = 0.0
     finish_reason: str = "stop"
+    # A recorded non-streamed completion, served as it is (opt-in): for replies
+    # no style above produces, e.g. `"content": null` next to the reasoning.
+    body: dict[str, Any] | None = None
 
     def full_inline(self) -> str:
         """The whole text as a raw model would write it."""
@@ -169,6 +172,8 @@ class FakeOpenAI:
         return usage
 
     def _completion(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+        if reply.body is not None:
+            return reply.body
         message: dict[str, Any] = {"role": "assistant"}
         if reply.style == "inline":
             message["content"] = reply.full_inline()
