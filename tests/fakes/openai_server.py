@@ -110,6 +110,9 @@ class Reply:
     delay: float = 0.0
     finish_reason: str = "stop"
     gates: tuple[StreamGate, ...] = ()
+    # A recorded non-streamed completion, served as it is (opt-in): for replies
+    # no style above produces, e.g. `"content": null` next to the reasoning.
+    body: dict[str, Any] | None = None
 
     def full_inline(self) -> str:
         """The whole text as a raw model would write it."""
@@ -235,6 +238,8 @@ class FakeOpenAI:
         return usage
 
     def _completion(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+        if reply.body is not None:
+            return reply.body
         message: dict[str, Any] = {"role": "assistant"}
         if reply.style == "inline":
             message["content"] = reply.full_inline()

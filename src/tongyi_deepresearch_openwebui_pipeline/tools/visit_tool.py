@@ -1721,6 +1721,42 @@ _INVALID_EXTRACTOR_URL = (
     "the extractor URL is invalid; check the EXTRACTOR_BASE_URL valve"
 )
 
+# By default the extractor is the research model: a reasoning model that would
+# otherwise think through its whole reply budget before writing the JSON. These
+# fields ask the server to skip thinking (EXTRACTOR_DISABLE_THINKING):
+# - chat_template_kwargs: vLLM, SGLang and llama.cpp's server hand it to the
+#   chat template. Qwen3-style templates, Tongyi-DeepResearch's included, then
+#   write an empty `<think>\n\n</think>` themselves, so the model answers at once
+#   (it may still think a little: the reply is read after the last `</think>`).
+# - reasoning_effort "none": Ollama's /v1 endpoint maps it to think=false (it
+#   ignores chat_template_kwargs); recent vLLM releases accept it too.
+# Servers ignore fields they do not know, but some validate them: older vLLM
+# and SGLang allow only low/medium/high efforts, strict APIs refuse unknown
+# fields. A 400/422 naming a field is answered by sending the request again
+# without it, and that endpoint does not get the field again in this process.
+_THINKING_OFF: dict[str, Any] = {
+    "chat_template_kwargs": {"enable_thinking": False},
+    "reasoning_effort": "none",
+}
+# How a refusal names each field (Ollama says "invalid reasoning value").
+_FIELD_NAMED = {
+    "chat_template_kwargs": re.compile(r"chat_template|enable_thinking", re.I),
+    "reasoning_effort": re.compile(r"reasoning", re.I),
+}
+# Endpoint base URL (no credentials) -> fields it refused. Bounded: the oldest
+# endpoint is forgotten first.
+_REFUSED_FIELDS: dict[str, set[str]] = {}
+_MAX_REMEMBERED_ENDPOINTS = 64
+_TOO_LONG = re.compile(
+    r"context.{0,20}(length|window|size)|too long|maximum.{0,40}tokens", re.I
+)
+# Where an answer object starts: `{` then one of the extractor's keys.
+_ANSWER_START = re.compile(r"\{\s*[\"']?(?:rationale?|evidence|summary)\b", re.I)
+# Objects tried, from the end of a thought, before giving up on it.
+_MAX_ANSWER_STARTS = 8
+_BUDGET_SPENT = "the extractor spent its whole reply budget thinking"
+_NO_JSON = "the extractor replied without JSON, with thinking only"
+
 
 @dataclass(frozen=True)
 class _Endpoint:
@@ -1796,17 +1832,55 @@ def _retry_after(value: str | None) -> float | None:
     return max(when.timestamp() - time.time(), 0.0)
 
 
-def _completion_text(completion: Any) -> str:
-    """The assistant text of a chat completion, without any <think> block."""
+@dataclass(frozen=True)
+class _Reply:
+    """One extractor reply, its thinking set apart.
+
+    `answer` is the content after the last `</think>` (a thought may mention
+    the tag; an answer quoting it is rarer, and a thought's draft must never
+    pass for the answer). `thought` is the thinking, wherever the server put it.
+    """
+
+    answer: str = ""
+    thought: str = ""
+    cut: bool = False  # finish_reason "length": the reply budget ran out
+
+
+def _text(value: Any) -> str:
+    """A message field as text (content parts joined; anything else is empty)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # content parts
+        return "".join(str(p.get("text", "")) for p in value if isinstance(p, dict))
+    return ""
+
+
+def _reply_parts(completion: Any) -> _Reply:
+    """Split a chat completion into answer and thinking, in every server's style.
+
+    The thinking arrives as `reasoning_content` (vLLM/SGLang with a reasoning
+    parser, llama.cpp), as `reasoning` (OpenRouter, Ollama), inline as
+    `<think>…</think>` (raw servers), or opened by the chat template so that the
+    content starts mid-thought and only `</think>` appears.
+    """
     try:
-        content = completion.choices[0].message.content or ""
+        choice = completion.choices[0]
+        message = choice.message
     except (AttributeError, IndexError, KeyError, TypeError):
-        return ""
-    if isinstance(content, list):  # content parts
-        content = "".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict)
-        )
-    return re.sub(r"(?s)^.*?</think>", "", str(content)).strip()
+        return _Reply()
+    content = _text(getattr(message, "content", None))
+    thought = _text(getattr(message, "reasoning_content", None)) or _text(
+        getattr(message, "reasoning", None)
+    )
+    cut = getattr(choice, "finish_reason", None) == "length"
+    head, closed, tail = content.rpartition("</think>")
+    if closed:
+        inline = head.partition("<think>")[2] if "<think>" in head else head
+        return _Reply(tail, "\n".join(filter(None, (thought, inline))), cut)
+    if content.lstrip().startswith("<think>"):  # thinking that never closed
+        inline = content.lstrip().removeprefix("<think>")
+        return _Reply("", "\n".join(filter(None, (thought, inline))), cut)
+    return _Reply(content, thought, cut)
 
 
 def _config_error(status: int, detail: str, valves: "Tools.Valves") -> _ExtractorError:
@@ -1838,7 +1912,9 @@ def _endpoint_secrets(valves: "Tools.Valves") -> tuple[str, ...]:
         return _secret_forms([valves.EXTRACTOR_API_KEY, valves.EXTRACTOR_BASE_URL])
 
 
-def _extractor_options(prompt: str, valves: "Tools.Valves", not_given: Any) -> dict:
+def _extractor_options(
+    prompt: str, valves: "Tools.Valves", not_given: Any, extra: dict[str, Any]
+) -> dict:
     """Keyword arguments of one chat.completions.create call."""
     options: dict[str, Any] = {
         "messages": [{"role": "user", "content": prompt}],
@@ -1848,7 +1924,35 @@ def _extractor_options(prompt: str, valves: "Tools.Valves", not_given: Any) -> d
     }
     if valves.EXTRACTOR_MAX_TOKENS > 0:
         options["max_tokens"] = valves.EXTRACTOR_MAX_TOKENS
+    if extra:  # sent as they are: the SDK checks no server-specific field
+        options["extra_body"] = extra
     return options
+
+
+def _thinking_fields(valves: "Tools.Valves", endpoint: str) -> dict[str, Any]:
+    """The thinking controls for this endpoint, less those it has refused."""
+    if not valves.EXTRACTOR_DISABLE_THINKING:
+        return {}
+    refused = _REFUSED_FIELDS.get(endpoint, set())
+    return {name: v for name, v in _THINKING_OFF.items() if name not in refused}
+
+
+def _refused_fields(response: httpx.Response, sent: dict[str, Any]) -> set[str]:
+    """The sent thinking fields a 400/422 names (none for a too-long prompt)."""
+    detail = response.text[:_ERROR_SCAN_CHARS]
+    if response.status_code not in (400, 422) or _TOO_LONG.search(detail):
+        return set()
+    return {name for name in sent if _FIELD_NAMED[name].search(detail)}
+
+
+def _remember_refused(endpoint: str, fields: set[str]) -> None:
+    """Never send these fields to this endpoint again (in this process)."""
+    if endpoint not in _REFUSED_FIELDS and len(_REFUSED_FIELDS) >= (
+        _MAX_REMEMBERED_ENDPOINTS
+    ):
+        _REFUSED_FIELDS.pop(next(iter(_REFUSED_FIELDS)))
+    _REFUSED_FIELDS.setdefault(endpoint, set()).update(fields)
+    log.info("extractor endpoint refused %s; not sent again", sorted(fields))
 
 
 def _retry_delay(
@@ -1859,10 +1963,7 @@ def _retry_delay(
     Raises `_ExtractorError` for errors that retrying cannot fix (auth, config).
     """
     status, detail = response.status_code, response.text
-    too_long = r"context.{0,20}(length|window|size)|too long|maximum.{0,40}tokens"
-    if status in (400, 413, 422) and re.search(
-        too_long, detail[:_ERROR_SCAN_CHARS], re.I
-    ):
+    if status in (400, 413, 422) and _TOO_LONG.search(detail[:_ERROR_SCAN_CHARS]):
         return None
     if status not in (408, 409, 425, 429) and status < 500:
         raise _config_error(status, detail, valves)
@@ -1934,24 +2035,32 @@ async def _extractor_client(valves: "Tools.Valves") -> AsyncIterator[Any]:
         yield client
 
 
-async def _call_extractor(client: Any, prompt: str, valves: "Tools.Valves") -> str:
+async def _call_extractor(client: Any, prompt: str, valves: "Tools.Valves") -> _Reply:
     """One extractor request, retrying transient errors with backoff.
 
-    Returns the reply text ("" when the endpoint says the prompt is too long, or
+    Returns the reply (empty when the endpoint says the prompt is too long, or
     the reply cannot be read, so the caller shrinks it); raises `_ExtractorError`
-    for config or outage errors.
+    for config or outage errors. A thinking field the server refuses is dropped
+    and the request sent again at once (at most once per field).
     """
     openai = await _openai_sdk()
-    options = _extractor_options(prompt, valves, openai.NOT_GIVEN)
+    endpoint = _endpoint(valves).base_url
     problem = ""
-    for attempt in range(valves.EXTRACTOR_MAX_RETRIES + 1):
+    attempt = 0
+    while True:
+        extra = _thinking_fields(valves, endpoint)
+        options = _extractor_options(prompt, valves, openai.NOT_GIVEN, extra)
         delay = min(_BACKOFF_BASE_SECONDS * 2**attempt, 30.0)
         try:
             completion = await client.chat.completions.create(**options)
         except openai.APIStatusError as exc:
+            refused = _refused_fields(exc.response, extra)
+            if refused:
+                _remember_refused(endpoint, refused)
+                continue  # without them; each field can go only once
             waited = _retry_delay(exc.response, delay, valves)
             if waited is None:
-                return ""
+                return _Reply()
             problem = f"the extractor endpoint answered HTTP {exc.status_code}"
             if waited > _MAX_RETRY_AFTER_SECONDS:
                 break
@@ -1963,11 +2072,13 @@ async def _call_extractor(client: Any, prompt: str, valves: "Tools.Valves") -> s
             problem = f"{type(cause or exc).__name__} talking to the extractor endpoint"
         except (openai.OpenAIError, ValueError, TypeError):
             log.info("extractor reply could not be read")  # e.g. a 200 that is no JSON
-            return ""
+            return _Reply()
         else:
-            return _completion_text(completion)
-        if attempt < valves.EXTRACTOR_MAX_RETRIES:
-            await _sleep(delay)
+            return _reply_parts(completion)
+        if attempt >= valves.EXTRACTOR_MAX_RETRIES:
+            break
+        attempt += 1
+        await _sleep(delay)
     raise _ExtractorError(f"{problem}; gave up after retries")
 
 
@@ -2066,6 +2177,11 @@ def _parse_extraction(reply: str) -> tuple[str, str] | None:
     data = _loads(candidate)
     if not isinstance(data, dict):
         data = _scrape_fields(candidate)
+    return _fields(data)
+
+
+def _fields(data: dict) -> tuple[str, str] | None:
+    """(evidence, summary) of a parsed reply, or None if it has neither."""
     data = {str(k).lower(): v for k, v in data.items()}
     evidence, summary = _render(data.get("evidence")), _render(data.get("summary"))
     if not evidence and not summary:
@@ -2076,6 +2192,49 @@ def _parse_extraction(reply: str) -> tuple[str, str] | None:
     )
 
 
+def _answer_ending(thought: str) -> tuple[str, str] | None:
+    """The answer a thought ends with, if it ends with a well-formed JSON object.
+
+    Used only when the content is empty: with thinking turned off, some
+    reasoning parsers (vLLM's deepseek_r1) see no `</think>` and move the whole
+    answer into the reasoning field. A thought is otherwise not an answer, so
+    the object must close the text and parse as JSON: a draft in mid-thought, or
+    broken JSON that only the lenient field scraper would read, is not taken.
+    """
+    text = _strip_fences(thought.strip())
+    if not text.endswith("}"):
+        return None
+    starts = [match.start() for match in _ANSWER_START.finditer(text)]
+    for start in reversed(starts[-_MAX_ANSWER_STARTS:]):
+        data = _loads(text[start:])  # an object inside the answer is not closed
+        if isinstance(data, dict):
+            return _fields(data)
+    return None
+
+
+def _read_reply(reply: _Reply) -> tuple[tuple[str, str] | None, str]:
+    """(evidence, summary), or why to stop trying ("" = shrink and retry).
+
+    A reply cut at its token limit before any answer began, or one that is
+    thinking only, comes back the same way if asked again: the page start is
+    given at once instead of the reference's four shrinking retries.
+    """
+    answer = reply.answer.strip()
+    # A cut reply is read only where an answer visibly began: without think
+    # tags, text that does not start like JSON may be a thought the chat
+    # template opened, and a draft in it must not pass for the answer.
+    if reply.cut and not _strip_fences(answer).startswith("{"):
+        answer = ""
+    if answer:
+        parsed = _parse_extraction(answer) if len(answer) >= 10 else None
+        return parsed, ""  # without usable JSON: the reference's retries
+    if reply.cut:
+        return None, _BUDGET_SPENT
+    if reply.thought.strip():
+        return _answer_ending(reply.thought), _NO_JSON
+    return None, ""  # nothing at all: the reference's retries
+
+
 def _document(page: _Page) -> str:
     """The page as the extractor sees it (the reference used Jina Reader's layout)."""
     return (
@@ -2084,8 +2243,14 @@ def _document(page: _Page) -> str:
     )
 
 
-def _excerpt(page: _Page, note: str, valves: "Tools.Valves") -> _Outcome:
-    """Fallback when no extractor can run: the page's beginning, clearly labelled."""
+def _excerpt(
+    page: _Page, note: str, valves: "Tools.Valves", reason: str = ""
+) -> _Outcome:
+    """Fallback when no extractor can run: the page's beginning, clearly labelled.
+
+    `note` opens the model-facing summary; `reason` is the short cause the
+    user sees in the status line (the note when not given).
+    """
     text = page.text[: valves.RAW_EXCERPT_CHARS].rstrip()
     if len(page.text) > valves.RAW_EXCERPT_CHARS:
         text += "\n[…]"
@@ -2093,21 +2258,31 @@ def _excerpt(page: _Page, note: str, valves: "Tools.Valves") -> _Outcome:
         f"{note}, so the evidence above is the beginning of the page text, "
         "not a goal-focused extract."
     )
-    return _Outcome("excerpt", text, summary, page, note)
+    return _Outcome("excerpt", text, summary, page, reason or note)
+
+
+def _fallback_status(url: str, outcome: _Outcome) -> str:
+    """What the user is told when a page is given as its start, not extracted."""
+    return (
+        f"Could not extract from {url} ({outcome.reason}); gave the page start instead"
+    )
 
 
 async def _extract(page: _Page, goal: str, valves: "Tools.Valves") -> _Outcome:
     """Run the extractor like the reference: shrink 70% ×3, then 25,000 chars."""
     if not valves.EXTRACTOR_BASE_URL.strip():
         return _excerpt(
-            page, "No extractor model is configured (EXTRACTOR_BASE_URL valve)", valves
+            page,
+            "No extractor model is configured (EXTRACTOR_BASE_URL valve)",
+            valves,
+            "no extractor model is configured",
         )
     try:
         return await _extract_with_retries(page, goal, valves)
     except _ExtractorError as exc:
         # The one exit of extractor errors: redacted before anyone sees them.
-        note = _redact(f"Extraction failed: {exc}", _endpoint_secrets(valves))
-        return _excerpt(page, note, valves)
+        reason = _redact(str(exc), _endpoint_secrets(valves))
+        return _excerpt(page, f"Extraction failed: {reason}", valves, reason)
 
 
 async def _extract_with_retries(
@@ -2119,20 +2294,32 @@ async def _extract_with_retries(
         for attempt in range(5):
             prompt = EXTRACTOR_PROMPT.format(webpage_content=content, goal=goal)
             reply = await _call_extractor(client, prompt, valves)
-            parsed = _parse_extraction(reply) if len(reply.strip()) >= 10 else None
+            parsed, stop = _read_reply(reply)
             if parsed:
                 return _Outcome("extracted", parsed[0], parsed[1], page)
             log.info(
-                "extractor reply unusable (attempt %d, %d chars)",
+                "extractor reply unusable (attempt %d, %d chars, %s)",
                 attempt + 1,
-                len(reply),
+                len(reply.answer) + len(reply.thought),
+                stop or "retrying",
             )
+            if stop:
+                return _thinking_excerpt(page, stop, valves)
             # Like the reference: 70% of the content three times, then 25,000 chars.
             if attempt < 3:
                 content = content[: int(len(content) * 0.7)]
             else:
                 content = content[:_FINAL_CUT_CHARS]
     return _Outcome("failed", page=page, reason="the extractor gave no usable answer")
+
+
+def _thinking_excerpt(page: _Page, reason: str, valves: "Tools.Valves") -> _Outcome:
+    """The page start after a reply that was all thinking, with what to change."""
+    if reason == _BUDGET_SPENT:
+        hint = "EXTRACTOR_MAX_TOKENS is its reply budget"
+    else:
+        hint = "EXTRACTOR_DISABLE_THINKING asks the server to skip thinking"
+    return _excerpt(page, f"Extraction failed: {reason} ({hint})", valves, reason)
 
 
 # ----------------------------------------------------------------------------
@@ -2292,6 +2479,14 @@ class Tools:
         EXTRACTOR_TIMEOUT_SECONDS: float = Field(
             default=180, gt=0, description="Timeout of one extractor request."
         )
+        EXTRACTOR_DISABLE_THINKING: bool = Field(
+            default=True,
+            description="Ask the server to skip the extractor's thinking "
+            "(chat_template_kwargs enable_thinking=false for vLLM, SGLang and "
+            "llama.cpp; reasoning_effort none for Ollama). A server that refuses "
+            "a field is asked again without it. Turn off for an extractor that "
+            "should think.",
+        )
         EXTRACTOR_MAX_RETRIES: int = Field(
             default=3, ge=0, le=10, description="Retries after timeouts, 429 and 5xx."
         )
@@ -2369,6 +2564,8 @@ async def _visit_one(url: str, ctx: "_CallContext") -> _Outcome:
             await _emit(ctx.emitter, _status(f"Reading: {url}"))
             page = await _get_page(url, ctx)
             outcome = await _extract(page, ctx.goal, ctx.valves)
+        if outcome.kind == "excerpt":
+            await _emit(ctx.emitter, _status(_fallback_status(url, outcome)))
         if outcome.kind != "failed":
             await _emit(ctx.emitter, _source_event(url, ctx.goal, outcome))
             return outcome
