@@ -115,10 +115,14 @@ class Pipe:
             description="Model id as the server knows it.",
         )
         TEMPERATURE: float = Field(
-            default=0.6,
+            # The lab's runner passes TEMPERATURE=0.85 from its .env.example, and
+            # the technical report evaluates at 0.85: the published scores' setting.
+            # react_agent.py's 0.6 is only its fallback when nothing is passed.
+            default=0.85,
             ge=0.0,
             le=2.0,
-            description="Sampling temperature (reference: 0.6).",
+            description="Sampling temperature (0.85: the lab's evaluation setting; "
+            "0.6 is the reference code's fallback).",
         )
         TOP_P: float = Field(
             default=0.95,
