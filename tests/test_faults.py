@@ -825,4 +825,4 @@ def test_stored_bad_valves_give_a_short_message_naming_the_field(
 
 def test_stored_good_valves_load_with_unset_fields_left_out() -> None:
     valves = open_webui_loads_valves({"MAX_TOOL_ROUNDS": 7, "TEMPERATURE": None})
-    assert valves.MAX_TOOL_ROUNDS == 7 and valves.TEMPERATURE == 0.6
+    assert valves.MAX_TOOL_ROUNDS == 7 and valves.TEMPERATURE == 0.85  # the default

@@ -543,3 +543,39 @@ async def test_model_turn_control_tokens_do_not_reach_the_next_request():
     assistant = [m["content"] for m in sent if m["role"] == "assistant"]
     assert assistant and all("<|" not in text for text in assistant)
     assert "<im_start>system" in assistant[0]
+
+
+async def test_a_run_ended_by_a_budget_counts_its_wrap_up_call_as_a_round():
+    model = ScriptedModel(
+        call("search", query=["a"]),
+        call("search", query=["b"]),
+        "<answer>best guess</answer>",
+    )
+    events = await collect(make_loop(model, limits=Limits(max_rounds=2)))
+    end = finished(events)
+    assert end.reason == "round_limit"
+    assert end.stats.rounds == len(model.seen) == 3
+
+
+class StaggeredTools(RecordingTools):
+    """`visit` takes 7 s of the fake clock; `search` answers at once."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    async def run(self, call: ToolCall) -> ToolOutcome:
+        if call.name == "visit":
+            for _ in range(3):  # let the search finish first
+                await asyncio.sleep(0)
+            self.clock.now += 7.0
+        return ToolOutcome(f"done {call.name}")
+
+
+async def test_each_call_of_a_turn_reports_its_own_duration():
+    clock = Clock()
+    turn = call("search", query=["a"]) + call("visit", url=["u"], goal="g")
+    model = ScriptedModel(turn, "<answer>done</answer>")
+    events = await collect(make_loop(model, StaggeredTools(clock), clock=clock))
+    seconds = {e.name: e.seconds for e in events if isinstance(e, ToolCallFinished)}
+    assert seconds == {"search": 0.0, "visit": 7.0}

@@ -392,3 +392,23 @@ def test_streaming_work_is_linear_in_the_input(monkeypatch, name):
     assert "".join(out).replace("\u200b", "").startswith(text[:10])
     # What is held back is capped, whatever the input.
     assert held_most <= 2 * (sources.MAX_LINK_CHARS + 300)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # An escaped "[1]" right after a scheme: the backslash is not a URL.
+        "https://[1]word ![i](https://c.org/p.png)",
+        # An image's "!" right after a scheme belongs to the image.
+        "https://![i](https://a.org/x)",
+        # "(x)" right after a scheme may still make it a URL.
+        "https://(x)http",
+    ],
+)
+def test_found_counterexamples_give_the_same_output_at_every_split(text):
+    ledger = make_ledger()
+    whole = rewrite_answer(text, ledger)
+    for cut in range(len(text) + 1):
+        rewriter = CitationRewriter(ledger)
+        streamed = rewriter.feed(text[:cut]) + rewriter.feed(text[cut:])
+        assert streamed + rewriter.flush() == whole, cut

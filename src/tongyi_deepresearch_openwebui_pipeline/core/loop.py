@@ -343,10 +343,10 @@ class ResearchLoop:
             )
         for index, call in enumerate(planned):
             yield ToolCallStarted(index, call.name, dict(call.arguments))
-        started = self.clock()
-        outcomes = await self._run_until_deadline(planned)
-        seconds = self.clock() - started
-        for index, (call, outcome) in enumerate(zip(planned, outcomes, strict=True)):
+        timed = await self._run_until_deadline(planned)
+        for index, (call, (outcome, seconds)) in enumerate(
+            zip(planned, timed, strict=True)
+        ):
             self._tally(call, outcome)
             yield ToolCallFinished(
                 index,
@@ -357,14 +357,20 @@ class ResearchLoop:
                 seconds,
             )
         self.state.messages.append(
-            {"role": "user", "content": wrap_responses(o.text for o in outcomes)}
+            {"role": "user", "content": wrap_responses(o.text for o, _ in timed)}
         )
 
     async def _run_until_deadline(
         self, planned: list[ToolCall | CallError]
-    ) -> list[ToolOutcome]:
-        """Run the calls concurrently; any still running at the deadline stop."""
-        tasks = [asyncio.ensure_future(self._run_one(call)) for call in planned]
+    ) -> list[tuple[ToolOutcome, float]]:
+        """Run the calls concurrently; any still running at the deadline stop.
+
+        Each outcome comes with its own call's duration (the calls of one turn
+        run together, but a quick search is not as slow as the page read beside
+        it).
+        """
+        started = self.clock()
+        tasks = [asyncio.ensure_future(self._timed(call)) for call in planned]
         if not tasks:
             return []
         timeout = self._deadline() - asyncio.get_running_loop().time()
@@ -376,12 +382,18 @@ class ResearchLoop:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        stopped = self.clock() - started
         return [
             task.result()
             if not task.cancelled()
-            else ToolOutcome(TIME_LIMIT_TOOL, ok=False)
+            else (ToolOutcome(TIME_LIMIT_TOOL, ok=False), stopped)
             for task in tasks
         ]
+
+    async def _timed(self, call: ToolCall | CallError) -> tuple[ToolOutcome, float]:
+        started = self.clock()
+        outcome = await self._run_one(call)
+        return outcome, self.clock() - started
 
     async def _run_one(self, call: ToolCall | CallError) -> ToolOutcome:
         if isinstance(call, CallError):
@@ -428,6 +440,8 @@ class ResearchLoop:
 
     async def _wrap_up(self, reason: Termination) -> AsyncIterator[Event]:
         state = self.state
+        # The wrap-up is a model call like any round: the summary counts it.
+        state.round += 1
         yield WrappingUp(reason)
         state.messages.append({"role": "user", "content": WRAP_UP_MESSAGE})
         self._make_room_for_answer()

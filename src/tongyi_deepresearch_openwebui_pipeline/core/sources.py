@@ -245,24 +245,44 @@ def _rewrite_link(match: re.Match[str], ledger: SourceLedger) -> str:
     return "!" + inner + f" {UNVERIFIED_MARK}"
 
 
-def _rewrite_plain(text: str, ledger: SourceLedger) -> str:
+def _escape_plain(text: str, before: str) -> str:
+    """Escape the model's own "[n]" and stray "![" in text between URLs.
+
+    ``before`` is the character that precedes ``text`` (the patterns look one
+    character back), so escaping a segment gives what escaping the whole would.
+    """
+    text = before + text
     text = _MODEL_CITE.sub(r"\\[\1\\]", text)
     # "![" that is not a complete image link (reference images and the like).
     text = _IMAGE_BRACKET.sub(r"\\[", text)
+    return text[len(before) :]
 
-    def bare(match: re.Match[str]) -> str:
-        url = match.group(0)
-        if len(url) > MAX_URL_CHARS:
-            return url
-        if url.startswith("<"):  # an autolink: <https://…>
-            return url + _cite(ledger.match(url[1:-1]))
-        trailing = ""
-        while url and url[-1] in _URL_TRAILING:
-            trailing = url[-1] + trailing
-            url = url[:-1]
-        return url + _cite(ledger.match(url)) + trailing
 
-    return _BARE_URL.sub(bare, text)
+def _rewrite_plain(text: str, ledger: SourceLedger) -> str:
+    # URLs are found in the text as written, before anything is escaped: an
+    # inserted backslash must never become part of a URL.
+    pieces: list[str] = []
+    position = 0
+    for match in _BARE_URL.finditer(text):
+        before = text[position - 1] if position else ""
+        pieces.append(_escape_plain(text[position : match.start()], before))
+        pieces.append(_cite_bare(match.group(0), ledger))
+        position = match.end()
+    before = text[position - 1] if position else ""
+    pieces.append(_escape_plain(text[position:], before))
+    return "".join(pieces)
+
+
+def _cite_bare(url: str, ledger: SourceLedger) -> str:
+    if len(url) > MAX_URL_CHARS:
+        return url
+    if url.startswith("<"):  # an autolink: <https://…>
+        return url + _cite(ledger.match(url[1:-1]))
+    trailing = ""
+    while url and url[-1] in _URL_TRAILING:
+        trailing = url[-1] + trailing
+        url = url[:-1]
+    return url + _cite(ledger.match(url)) + trailing
 
 
 def rewrite_answer(text: str, ledger: SourceLedger) -> str:
@@ -373,7 +393,10 @@ class CitationRewriter:
             and len(text) - bracket <= MAX_LINK_CHARS
             and _OPEN_LINK.match(text, bracket)
         ):
-            hold = bracket
+            # An image's "!" belongs to its link: released alone, it could end
+            # a URL just before it ("https://x!"), which the finished link
+            # would not have.
+            hold = bracket - 1 if bracket and text[bracket - 1] == "!" else bracket
         word_start = max(text.rfind(" "), text.rfind("\n"), text.rfind("\t")) + 1
         autolink = text.rfind("<", word_start)
         if (
@@ -391,6 +414,7 @@ class CitationRewriter:
                 # Too long to cite: release it, and pass on its continuation.
                 return end, True
         hold = min(hold, _partial_tail(text, word_start, self._before))
+        hold = min(hold, _scheme_then_open_group(text, word_start, self._before))
         # Never cut through a finished link: its URL was matched as a whole.
         for link in _MD_LINK.finditer(text):
             if link.start() < hold < link.end():
@@ -412,6 +436,16 @@ def _growing_url(text: str, word_start: int, previous: str) -> tuple[int, int] |
         return None
     offset = word_start - 1
     return max(last.start() + offset, 0), end + offset
+
+
+def _scheme_then_open_group(text: str, word_start: int, previous: str) -> int:
+    """Where "https://(x" starts at the end: the "(…)" may make it a URL yet."""
+    context = previous if word_start == 0 else " "
+    match = _SCHEME_OPEN_GROUP.search(context + text[word_start:])
+    return len(text) if match is None else word_start + match.start() - 1
+
+
+_SCHEME_OPEN_GROUP = re.compile(r"(?<!\w)https?://\([^()\s]{0,256}$")
 
 
 def _partial_tail(text: str, word_start: int, previous: str) -> int:
