@@ -100,6 +100,27 @@ DATE_CHARS = 64
 MISSING_CONFIG = re.compile(r"^No .*found", re.IGNORECASE)
 
 
+# --- shared: tool_result (made from tools/shared/tool_result.py) ---
+class ToolResult(str):
+    """The text for the model, carrying whether the call worked.
+
+    Open WebUI and the model see a plain string. The research pipe reads `ok`
+    so a failed call shows as failed: the words alone cannot tell it (a page
+    may well begin with "Error").
+    """
+
+    ok: bool
+
+    def __new__(cls, text: str, *, ok: bool) -> "ToolResult":
+        """Wrap ``text``; ``ok`` is False when the call produced nothing usable."""
+        result = super().__new__(cls, text)
+        result.ok = ok
+        return result
+
+
+# --- end shared: tool_result ---
+
+
 @dataclass
 class _Hit:
     """One search result, as the formatter needs it."""
@@ -685,9 +706,10 @@ class Tools:
             return await _search(self, query, __request__, __user__, __event_emitter__)
         except Exception as exc:  # the tool never raises: the model gets text
             log.warning("search failed: %s", type(exc).__name__)
-            return (
+            return ToolResult(
                 f"Search failed: unexpected error ({type(exc).__name__}). "
-                "Please try again later."
+                "Please try again later.",
+                ok=False,
             )
 
 
@@ -702,11 +724,11 @@ async def _search(
     request: Any,
     user: dict | None,
     emitter: Emitter | None,
-) -> str:
+) -> ToolResult:
     """The search tool's work (see `Tools.search`)."""
     queries = _normalise_queries(query)
     if queries is None:
-        return INVALID_REQUEST
+        return ToolResult(INVALID_REQUEST, ok=False)
     limit = _positive(tool.valves.MAX_QUERIES_PER_SEARCH, 5)
     queries, skipped = queries[:limit], queries[limit:]
     await _emit(emitter, description="Searching: " + " · ".join(queries), done=False)
@@ -715,18 +737,20 @@ async def _search(
     except _UnconfiguredError as exc:
         message = str(exc) or UNCONFIGURED_TEXT
         await _emit(emitter, description=message, done=True)
-        return message
+        return ToolResult(message, ok=False)
     except Exception as exc:  # never a traceback for the model
         log.warning("reading web search settings failed: %s", type(exc).__name__)
         message = SETTINGS_FAILED_TEXT
         await _emit(emitter, description=message, done=True)
-        return message
+        return ToolResult(message, ok=False)
     outcomes = await _run_all(tool, queries, backend, emitter)
     if any(outcome.unconfigured for outcome in outcomes):
         await _emit(emitter, description=UNCONFIGURED_TEXT, done=True)
-        return UNCONFIGURED_TEXT
+        return ToolResult(UNCONFIGURED_TEXT, ok=False)
     text = SEPARATOR.join(outcome.text for outcome in outcomes)
-    return text + (_skipped_note(skipped, limit) if skipped else "")
+    text += _skipped_note(skipped, limit) if skipped else ""
+    # Some results are a success: the failed queries say so in the text.
+    return ToolResult(text, ok=not all(outcome.error for outcome in outcomes))
 
 
 async def _backend(tool: "Tools", request: Any, user: dict | None) -> Backend:

@@ -6,6 +6,14 @@ copies of `src/tongyi_deepresearch_openwebui_pipeline/tools/<same name>.py`,
 which are self-contained Open WebUI Tools files. Edit the package modules, then
 run this script.
 
+Code the tools share is written once, in `tools/shared/<name>.py` (the part
+after its `# --- snippet ---` line), and generated into every tool module that
+holds a region for it (edit the shared file, not the region)::
+
+    # --- shared: <name> (made from tools/shared/<name>.py) ---
+    ...
+    # --- end shared: <name> ---
+
 Usage:
     python scripts/sync_root_files.py          # write the root copies
     python scripts/sync_root_files.py --check  # exit 1 if any copy differs
@@ -15,13 +23,62 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOLS_PACKAGE_DIR = Path("src/tongyi_deepresearch_openwebui_pipeline/tools")
 TOOL_FILE_NAMES = ("search_tool.py", "scholar_tool.py", "visit_tool.py")
+SHARED_DIR = TOOLS_PACKAGE_DIR / "shared"
+SNIPPET_MARK = "# --- snippet ---\n"
 _MAX_DIFF_LINES = 40
+_REGION = re.compile(
+    r"^# --- shared: (?P<name>\w+) \(made from tools/shared/(?P=name)\.py\) ---\n"
+    r"(?P<body>.*?)^# --- end shared: (?P=name) ---$",
+    re.MULTILINE | re.DOTALL,
+)
+
+
+def snippet(root: Path, name: str) -> str:
+    """The shared code called ``name``: its file after the snippet mark.
+
+    Args:
+        root: The repository root.
+        name: The snippet's name (its file name without ``.py``).
+
+    Returns:
+        The code to place in a region, ending with two blank lines.
+
+    Raises:
+        FileNotFoundError: There is no such shared file.
+        ValueError: The file has no snippet mark.
+    """
+    text = (root / SHARED_DIR / f"{name}.py").read_text(encoding="utf-8")
+    _, mark, body = text.partition(SNIPPET_MARK)
+    if not mark:
+        raise ValueError(f"{SHARED_DIR}/{name}.py has no '{SNIPPET_MARK.strip()}'")
+    # Two blank lines before the end mark, as ruff formats top-level code.
+    return body.strip("\n") + "\n\n\n"
+
+
+def with_shared_code(root: Path, text: str) -> str:
+    """``text`` with every shared region regenerated from its snippet.
+
+    Args:
+        root: The repository root.
+        text: A tool module's source.
+
+    Returns:
+        The source with each region's body replaced by its snippet.
+    """
+
+    def fill(match: re.Match[str]) -> str:
+        body = snippet(root, match["name"])
+        start = match.group(0)[: match.start("body") - match.start()]
+        return f"{start}{body}# --- end shared: {match['name']} ---"
+
+    return _REGION.sub(fill, text)
 
 
 def tool_file_pairs(root: Path) -> list[tuple[Path, Path]]:
@@ -63,7 +120,14 @@ def check(root: Path) -> list[str]:
     for source, copy in tool_file_pairs(root):
         if not source.is_file():
             problems.append(f"missing package module: {source.relative_to(root)}\n")
-        elif not copy.is_file():
+            continue
+        text = source.read_text(encoding="utf-8")
+        if with_shared_code(root, text) != text:
+            problems.append(
+                f"out of date: shared code in {source.relative_to(root)} differs "
+                f"from {SHARED_DIR}\n"
+            )
+        if not copy.is_file():
             problems.append(f"missing root copy: {copy.relative_to(root)}\n")
         elif source.read_bytes() != copy.read_bytes():
             problems.append(
@@ -80,13 +144,18 @@ def sync(root: Path) -> list[Path]:
         root: The repository root.
 
     Returns:
-        The root copies that were (re)written.
+        The package modules and root copies that were (re)written.
 
     Raises:
         FileNotFoundError: A package tool module does not exist.
     """
     written = []
     for source, copy in tool_file_pairs(root):
+        text = source.read_text(encoding="utf-8")
+        generated = with_shared_code(root, text)
+        if generated != text:
+            source.write_text(generated, encoding="utf-8")
+            written.append(source)
         content = source.read_bytes()
         if not copy.is_file() or copy.read_bytes() != content:
             copy.write_bytes(content)

@@ -250,6 +250,38 @@ def test_sync_check_reports_line_ending_only_drift(tmp_path):
     assert "out of sync: search_tool.py" in completed.stdout
 
 
+def test_shared_code_is_generated_into_each_region_and_checked(tmp_path):
+    root = _fake_tree(tmp_path)
+    tools = root / "src" / PACKAGE / "tools"
+    (tools / "shared").mkdir()
+    shared = tools / "shared" / "greeting.py"
+    shared.write_text('"""Doc."""\n\n# --- snippet ---\n\n\nHELLO = "hi"\n')
+    region = (
+        "# --- shared: greeting (made from tools/shared/greeting.py) ---\n"
+        "HELLO = 'stale'\n"
+        "# --- end shared: greeting ---\n"
+    )
+    search = tools / "search_tool.py"
+    search.write_text(search.read_text() + "\n\n" + region)
+    assert _sync(root).returncode == 0
+    assert _sync(root, "--check").returncode == 0
+    generated = search.read_text()
+    assert 'HELLO = "hi"\n\n\n# --- end shared: greeting ---' in generated
+    assert "stale" not in generated
+    assert (root / "search_tool.py").read_text() == generated
+    shared.write_text(shared.read_text().replace('"hi"', '"hello"'))
+    completed = _sync(root, "--check")
+    assert completed.returncode == 1
+    assert "shared code in" in completed.stdout
+    assert "search_tool.py" in completed.stdout
+
+
+def test_every_tool_defines_tool_result_from_the_shared_file():
+    for name in TOOL_FILES:
+        text = (TOOLS_DIR / name).read_text()
+        assert "# --- shared: tool_result (made from" in text, name
+
+
 # --- the pipe shim ------------------------------------------------------------
 
 

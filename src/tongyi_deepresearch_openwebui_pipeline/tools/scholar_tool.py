@@ -120,6 +120,27 @@ MISSING_CONFIG = re.compile(r"^No .*found", re.IGNORECASE)
 ATOM = {"a": "http://www.w3.org/2005/Atom", "arxiv": "http://arxiv.org/schemas/atom"}
 
 
+# --- shared: tool_result (made from tools/shared/tool_result.py) ---
+class ToolResult(str):
+    """The text for the model, carrying whether the call worked.
+
+    Open WebUI and the model see a plain string. The research pipe reads `ok`
+    so a failed call shows as failed: the words alone cannot tell it (a page
+    may well begin with "Error").
+    """
+
+    ok: bool
+
+    def __new__(cls, text: str, *, ok: bool) -> "ToolResult":
+        """Wrap ``text``; ``ok`` is False when the call produced nothing usable."""
+        result = super().__new__(cls, text)
+        result.ok = ok
+        return result
+
+
+# --- end shared: tool_result ---
+
+
 @dataclass
 class _Paper:
     """One scholarly record, as the formatter needs it."""
@@ -916,9 +937,10 @@ class Tools:
             )
         except Exception as exc:  # the tool never raises: the model gets text
             log.warning("google_scholar failed: %s", type(exc).__name__)
-            return (
+            return ToolResult(
                 f"Scholar search failed: unexpected error ({type(exc).__name__}). "
-                "Please try again later."
+                "Please try again later.",
+                ok=False,
             )
 
 
@@ -933,16 +955,17 @@ async def _google_scholar(
     request: Any,
     user: dict | None,
     emitter: Emitter | None,
-) -> str:
+) -> ToolResult:
     """The google_scholar tool's work (see `Tools.google_scholar`)."""
     queries = _normalise_queries(query)
     if queries is None:
-        return INVALID_REQUEST
+        return ToolResult(INVALID_REQUEST, ok=False)
     backend = (tool.valves.BACKEND or "").strip().lower()
     if backend not in BACKENDS:
-        return (
+        return ToolResult(
             f"The google_scholar tool is misconfigured: its BACKEND valve must be "
-            f"one of {', '.join(BACKENDS)}. Ask an administrator to fix it."
+            f"one of {', '.join(BACKENDS)}. Ask an administrator to fix it.",
+            ok=False,
         )
     limit = _positive(tool.valves.MAX_QUERIES_PER_SEARCH, 5)
     queries, skipped = queries[:limit], queries[limit:]
@@ -956,7 +979,7 @@ async def _google_scholar(
         web = await _web(tool, client, request, user)
         if backend == "web" and isinstance(web, str):
             await _emit(emitter, description=web, done=True)
-            return web
+            return ToolResult(web, ok=False)
         gate = asyncio.Semaphore(_positive(tool.valves.CONCURRENT_QUERIES, 3))
 
         async def one(q: str) -> _Outcome:
@@ -978,7 +1001,8 @@ async def _google_scholar(
             f"(limit per call). Not searched: {names}. "
             "Call the tool again with these queries if you still need them."
         )
-    return text
+    # Some results are a success: the failed queries say so in the text.
+    return ToolResult(text, ok=not all(outcome.error for outcome in outcomes))
 
 
 async def _web(

@@ -105,6 +105,27 @@ _BACKOFF_BASE_SECONDS = 1.0
 _MAX_RETRY_AFTER_SECONDS = 60.0
 
 
+# --- shared: tool_result (made from tools/shared/tool_result.py) ---
+class ToolResult(str):
+    """The text for the model, carrying whether the call worked.
+
+    Open WebUI and the model see a plain string. The research pipe reads `ok`
+    so a failed call shows as failed: the words alone cannot tell it (a page
+    may well begin with "Error").
+    """
+
+    ok: bool
+
+    def __new__(cls, text: str, *, ok: bool) -> "ToolResult":
+        """Wrap ``text``; ``ok`` is False when the call produced nothing usable."""
+        result = super().__new__(cls, text)
+        result.ok = ok
+        return result
+
+
+# --- end shared: tool_result ---
+
+
 class _RefusedError(Exception):
     """The URL is not allowed (scheme, address, form). Final: never retried."""
 
@@ -2517,7 +2538,7 @@ class Tools:
         """
         urls = _coerce_urls(url)
         if urls is None or not isinstance(goal, str):
-            return INVALID_REQUEST
+            return ToolResult(INVALID_REQUEST, ok=False)
         valves = self.valves.model_copy()  # read at call time: the pipe may set them
         kept, skipped = (
             urls[: valves.MAX_URLS_PER_CALL],
@@ -2548,7 +2569,8 @@ class Tools:
         await _emit(
             ctx.emitter, _status(f"Read {read} of {len(outcomes)} page(s)", done=True)
         )
-        return text.strip()
+        # A page read (even as a plain excerpt) makes the call a success.
+        return ToolResult(text.strip(), ok=read > 0)
 
 
 # Open WebUI 0.6 offers every callable attribute of `Tools` not named `__*` as a

@@ -275,6 +275,16 @@ class Toolbox:
         # The model may add arguments the tool does not take; drop them.
         arguments = {k: v for k, v in call.arguments.items() if k in accepted}
         kwargs = {k: v for k, v in kwargs.items() if k in accepted}
-        result = await method(**arguments, **kwargs)
-        text = result if isinstance(result, str) else str(result)
-        return ToolOutcome(text, ok=not text.startswith(("Error", "[Visit] Invalid")))
+        return _outcome(await method(**arguments, **kwargs))
+
+
+def _outcome(result: Any) -> ToolOutcome:
+    """What a tool returned, judged by the tool itself.
+
+    Our tools return a `str` that carries ``ok`` (their ``ToolResult``). A
+    result without it counts as a success: its words are the model's to read,
+    not ours to guess from (a page may well begin with "Error").
+    """
+    ok = getattr(result, "ok", True)
+    text = str.__str__(result) if isinstance(result, str) else str(result)
+    return ToolOutcome(text, ok=ok if isinstance(ok, bool) else True)

@@ -1,0 +1,23 @@
+"""`ToolResult`: a tool's text that also says whether the call worked."""
+
+# The tool modules do not import annotations from __future__ (Open WebUI
+# builds their specs from live annotations), so neither does this code.
+
+# --- snippet ---
+
+
+class ToolResult(str):
+    """The text for the model, carrying whether the call worked.
+
+    Open WebUI and the model see a plain string. The research pipe reads `ok`
+    so a failed call shows as failed: the words alone cannot tell it (a page
+    may well begin with "Error").
+    """
+
+    ok: bool
+
+    def __new__(cls, text: str, *, ok: bool) -> "ToolResult":
+        """Wrap ``text``; ``ok`` is False when the call produced nothing usable."""
+        result = super().__new__(cls, text)
+        result.ok = ok
+        return result

@@ -1,0 +1,184 @@
+"""Each tool says whether its call worked; the toolbox does not read the words.
+
+The tools return `ToolResult`, a `str` (what Open WebUI and the model see)
+that carries `ok`. The trace card of a failed call (a misconfigured search, a
+visit whose every page failed) shows it as failed, and a result whose text
+merely starts with "Error" is not taken for a failure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import pytest
+
+from tests.fakes.pages import PageSite
+from tests.fakes.searxng import FakeSearXNG, Script, result
+from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
+    Toolbox,
+    ToolContext,
+)
+from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import ToolCall
+from tongyi_deepresearch_openwebui_pipeline.tools import (
+    scholar_tool,
+    search_tool,
+    visit_tool,
+)
+
+TOOL_MODULES = [search_tool, scholar_tool, visit_tool]
+
+
+@pytest.fixture(scope="module")
+def searxng() -> Iterator[FakeSearXNG]:
+    with FakeSearXNG() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[PageSite]:
+    with PageSite() as pages:
+        yield pages
+
+
+def search_class(url: str) -> type:
+    class LocalSearch(search_tool.Tools):
+        class Valves(search_tool.Tools.Valves):
+            SEARXNG_URL: str = url
+
+    return LocalSearch
+
+
+def visit_class() -> type:
+    class LocalVisit(visit_tool.Tools):
+        class Valves(visit_tool.Tools.Valves):
+            ALLOW_PRIVATE_URLS: bool = True
+            PAGE_LOADER: Literal["auto", "openwebui", "builtin"] = "builtin"
+            # No extractor answers here: a page read is handed on as an excerpt.
+            EXTRACTOR_BASE_URL: str = "http://127.0.0.1:9/v1"
+            EXTRACTOR_MODEL: str = "none"
+
+    return LocalVisit
+
+
+async def run(classes: dict[str, type], name: str, **arguments: Any):
+    toolbox = Toolbox(classes, ToolContext())
+    return await toolbox.run(ToolCall(name, arguments))
+
+
+# -- search ----------------------------------------------------------------
+
+
+async def test_search_with_results_is_ok(searxng: FakeSearXNG) -> None:
+    searxng.reset()
+    searxng.script("solar", results=[result("https://a.example/", "A", "about")])
+    outcome = await run({"search": search_class(searxng.search_url)}, "search",
+                        query=["solar"])  # fmt: skip
+    assert outcome.ok, outcome.text
+    assert "https://a.example/" in outcome.text
+
+
+async def test_unconfigured_search_is_a_failure() -> None:
+    # No SearXNG URL and no Open WebUI request: nothing to search with.
+    outcome = await run({"search": search_tool.Tools}, "search", query=["solar"])
+    assert not outcome.ok, outcome.text
+    assert not outcome.text.startswith("Error")  # the old guess missed it
+
+
+async def test_search_whose_every_query_failed_is_a_failure(
+    searxng: FakeSearXNG,
+) -> None:
+    searxng.reset()
+    searxng.default = Script(status=500)
+    outcome = await run({"search": search_class(searxng.search_url)}, "search",
+                        query=["one", "two"])  # fmt: skip
+    assert not outcome.ok, outcome.text
+
+
+async def test_search_with_one_query_answered_is_ok(searxng: FakeSearXNG) -> None:
+    searxng.reset()
+    searxng.default = Script(status=500)
+    searxng.script("good", results=[result("https://b.example/", "B", "text")])
+    outcome = await run({"search": search_class(searxng.search_url)}, "search",
+                        query=["good", "bad"])  # fmt: skip
+    assert outcome.ok, outcome.text
+
+
+async def test_invalid_search_call_is_a_failure() -> None:
+    outcome = await run({"search": search_tool.Tools}, "search", query=[])
+    assert not outcome.ok, outcome.text
+
+
+# -- google_scholar ----------------------------------------------------------
+
+
+async def test_misconfigured_scholar_backend_is_a_failure() -> None:
+    class Misconfigured(scholar_tool.Tools):
+        class Valves(scholar_tool.Tools.Valves):
+            BACKEND: str = "altavista"
+
+    outcome = await run({"google_scholar": Misconfigured}, "google_scholar",
+                        query=["graphene"])  # fmt: skip
+    assert not outcome.ok, outcome.text
+    assert "BACKEND" in outcome.text
+
+
+# -- visit -------------------------------------------------------------------
+
+
+async def test_visit_whose_every_page_failed_is_a_failure(site: PageSite) -> None:
+    urls = [site.url("/missing-one"), site.url("/missing-two")]
+    outcome = await run({"visit": visit_class()}, "visit", url=urls, goal="facts")
+    assert not outcome.ok, outcome.text
+
+
+async def test_visit_with_one_page_read_is_ok(site: PageSite) -> None:
+    urls = [site.url("/plain"), site.url("/missing-one")]
+    outcome = await run({"visit": visit_class()}, "visit", url=urls, goal="facts")
+    assert outcome.ok, outcome.text
+    assert "water boils" in outcome.text
+
+
+async def test_invalid_visit_call_is_a_failure() -> None:
+    outcome = await run({"visit": visit_class()}, "visit", url=[], goal="facts")
+    assert not outcome.ok, outcome.text
+
+
+# -- the seam ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", TOOL_MODULES, ids=lambda m: m.__name__)
+def test_a_tool_result_is_a_plain_string_to_open_webui(module: Any) -> None:
+    text = module.ToolResult("Search failed: quota.", ok=False)
+    assert text.ok is False
+    assert isinstance(text, str)
+    assert text == "Search failed: quota."
+    assert json.dumps(text) == json.dumps("Search failed: quota.")
+    assert module.ToolResult("fine", ok=True).ok is True
+
+
+@pytest.mark.parametrize("module", TOOL_MODULES, ids=lambda m: m.__name__)
+def test_tool_result_is_not_offered_to_open_webui_as_a_tool(module: Any) -> None:
+    # Open WebUI 0.6 makes every public callable of `Tools` a tool.
+    assert not hasattr(module.Tools, "ToolResult")
+
+
+async def test_a_plain_string_is_not_judged_by_its_words() -> None:
+    class Speaker:
+        async def search(self, query: list[str]) -> str:
+            return "Error bars overlap in the cited study."
+
+    outcome = await run({"search": Speaker}, "search", query=["x"])
+    assert outcome.ok
+    assert outcome.text == "Error bars overlap in the cited study."
+
+
+async def test_a_tool_that_says_it_failed_is_believed() -> None:
+    class Failing:
+        async def search(self, query: list[str]) -> str:
+            return search_tool.ToolResult("Nothing could be searched.", ok=False)
+
+    outcome = await run({"search": Failing}, "search", query=["x"])
+    assert not outcome.ok
+    assert type(outcome.text) is str  # the core gets a plain string
