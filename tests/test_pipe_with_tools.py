@@ -232,3 +232,26 @@ async def test_every_refused_address_form_through_the_pipe(url, recording_networ
     assert "The provided webpage content could not be accessed." in result["content"]
     assert not [e for e in events if e["type"] == "source"]
     assert "Nothing could be read." in text
+
+
+async def test_an_unconfigured_search_shows_a_failed_card():
+    # Outside Open WebUI with no SEARXNG_URL the search tool cannot search; its
+    # text does not start with "Error", and the card must still say it failed.
+    with FakeOpenAI() as fake:
+        fake.respond_with(
+            router(
+                [
+                    Reply(content=tool_call("search", {"query": ["photosynthesis"]})),
+                    Reply(content=answer("No search was possible.")),
+                ],
+                [],
+            )
+        )
+        pipe = make_pipe(fake, {"search": search_tool.Tools}, API_KEY="")
+        text, _, _ = await drive(pipe, QUESTION)
+
+    card = text[text.index('<details type="tool_calls"') :]
+    card = card[: card.index("</details>")]
+    assert 'name="search"' in card
+    assert "SEARXNG_URL" in card
+    assert "&quot;error&quot;" in card  # shown as a failure, not as a result
