@@ -30,6 +30,7 @@ import pytest
 
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.pages import (
+    COMPRESSED_PDF_SECRET,
     PNG_BYTES,
     PageSite,
     load_visit_tool,
@@ -229,6 +230,31 @@ async def test_a_pdf_decoded_as_text_is_read_as_a_pdf_or_refused(
         url="http://127.0.0.1:9/doc", goal="g", __request__=object()
     )
     assert is_failure(result) or "--- Page 1 ---" in evidence_of(result)
+    assert all("%PDF-" not in json.dumps(body) for body in extractor.bodies)
+
+
+@pytest.mark.parametrize("mode", ["openwebui", "auto-playwright"])
+@pytest.mark.parametrize("codec", ["utf-8", "cp1252"])
+async def test_a_compressed_pdf_the_loader_mangled_is_downloaded_again(
+    mode: str, codec: str, site: Any, extractor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0.8.12's loader hands back a PDF decoded as text: Flate bytes are lost.
+
+    The text of a compressed PDF exists only in its exact bytes, so the tool
+    downloads the file itself (the same checked URL) and reads that.
+    """
+    content = site.compressed_pdf.decode(codec, "replace")
+    loader = RecordingLoader((content, []))
+    monkeypatch.setattr(vt, "_openwebui_content_loader", lambda: loader)
+    valves = {"PAGE_LOADER": "openwebui"} if mode == "openwebui" else {}
+    request = object() if mode == "openwebui" else old_request("playwright")
+    before = site.hits("/pdf-compressed")
+    result = await make_tool(extractor, **valves).visit(
+        url=site.url("/pdf-compressed"), goal="g", __request__=request
+    )
+    assert loader.calls == [site.url("/pdf-compressed")]
+    assert site.hits("/pdf-compressed") == before + 1
+    assert COMPRESSED_PDF_SECRET in evidence_of(result)
     assert all("%PDF-" not in json.dumps(body) for body in extractor.bodies)
 
 

@@ -148,7 +148,12 @@ def owui(
     server = OpenWebUIServer(
         owui_venv_path,
         tmp_path_factory.mktemp("owui"),
-        web_search_env(fake_search.search_url),
+        # Open WebUI's own page loader may read the local site (the name of the
+        # setting before 0.11, which later versions still read).
+        {
+            **web_search_env(fake_search.search_url),
+            "ENABLE_RAG_LOCAL_WEB_FETCH": "true",
+        },
     )
     request.config.stash[SERVER_KEY] = server
     timings = request.config.stash.setdefault(TIMINGS_KEY, {})

@@ -101,12 +101,21 @@ PNG_BYTES = (
 )
 
 
+#: Text that exists only inside the Flate stream of ``/pdf-compressed``.
+COMPRESSED_PDF_SECRET = "ZEBRA-4417-QUARTZ"
+
+
 def _pdf_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
 
 
-def make_pdf(pages: list[str], title: str = "") -> bytes:
-    """A small, valid PDF with one line of Helvetica text per page."""
+def make_pdf(pages: list[str], title: str = "", compressed: bool = False) -> bytes:
+    """A small, valid PDF with one line of Helvetica text per page.
+
+    ``compressed`` Flate-encodes each page's content stream, as most real PDFs
+    do: the text is then nowhere in the file's bytes, and only a PDF reader
+    given the exact bytes can recover it.
+    """
     count = len(pages)
     page_ids = [4 + 2 * i for i in range(count)]
     objects: list[bytes] = [
@@ -118,13 +127,16 @@ def make_pdf(pages: list[str], title: str = "") -> bytes:
     ]
     for index, text in enumerate(pages):
         content = f"BT /F1 14 Tf 72 720 Td ({_pdf_escape(text)}) Tj ET".encode()
+        flate = ""
+        if compressed:
+            content, flate = zlib.compress(content, 9), " /Filter /FlateDecode"
         objects.append(
             f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
             f"/Resources << /Font << /F1 3 0 R >> >> "
             f"/Contents {page_ids[index] + 1} 0 R >>".encode()
         )
         objects.append(
-            f"<< /Length {len(content)} >>\nstream\n".encode()
+            f"<< /Length {len(content)}{flate} >>\nstream\n".encode()
             + content
             + b"\nendstream"
         )
@@ -191,6 +203,11 @@ class PageSite:
             ["Photosynthesis converts light into chemical energy.", "Page two."],
             title="Plant Biology Notes",
         )
+        self.compressed_pdf = make_pdf(
+            [f"The vault code is {COMPRESSED_PDF_SECRET}.", "Page two of the memo."],
+            title="Compressed Memo",
+            compressed=True,
+        )
         paragraph = "<p>" + "Lorem ipsum dolor sit amet, consectetur. " * 20 + "</p>\n"
         huge = "<html><head><title>Huge</title></head><body>" + paragraph * 4000
         self.huge_body = huge.encode()  # 3.3 MB
@@ -219,6 +236,7 @@ class PageSite:
             "/markdown": ("text/markdown", b"# Notes\n\n- item", {}),
             "/json": ("application/json", b'{"answer": 42, "unit": "widgets"}', {}),
             "/pdf": ("application/pdf", self.pdf, {}),
+            "/pdf-compressed": ("application/pdf", self.compressed_pdf, {}),
             "/pdf-as-html": ("text/html", self.pdf, {}),
             "/pdf-corrupt": ("application/pdf", b"%PDF-1.4\ngarbage", {}),
             "/html-as-octet": (octet, article, {}),

@@ -156,6 +156,14 @@ class _PageError(Exception):
     """The page could not be read or converted; the message is a short reason."""
 
 
+class _MangledFileError(Exception):
+    """Open WebUI's loader returned a file's bytes decoded as text, lossily.
+
+    A compressed PDF's text exists only in its exact bytes, so such a file is
+    downloaded again by the built-in fetcher (same checked URL, same checks).
+    """
+
+
 @dataclass
 class _RawPage:
     """Bytes as downloaded, before conversion."""
@@ -1437,23 +1445,27 @@ async def _load_with_openwebui(
     if not isinstance(content, str) or not content.strip():
         return None
     raw = await asyncio.to_thread(_loaded_body, url, content, valves.MAX_DOWNLOAD_BYTES)
+    if raw is None:
+        raise _MangledFileError(url)
     page = await _convert_page(raw, valves.MAX_PAGE_TOKENS)
     title = _loader_title(docs) or page.title
     return _Page(page.final_url, title, page.text, page.redirects)
 
 
-def _loaded_body(url: str, content: str, cap: int) -> _RawPage:
+def _loaded_body(url: str, content: str, cap: int) -> _RawPage | None:
     """The loader's text as bytes again, capped, for the checks a download gets.
 
     Some loaders (0.8.12's default) return a binary body decoded as text. A PDF
-    survives that only when every character is one byte; otherwise it reaches
-    the PDF reader broken and is refused there. The charset is given, so the
-    text is never decoded again as something else.
+    survives that only when every character is one byte (a latin-1 decoding);
+    any other decoding lost bytes, and None asks for the file itself. The
+    charset is given, so the text is never decoded again as something else.
     """
     body = b""
     if "%PDF-" in content[:1024]:
-        with contextlib.suppress(UnicodeEncodeError):
+        try:
             body = content.encode("latin-1")
+        except UnicodeEncodeError:
+            return None
     if not body:
         body = content.encode("utf-8", "replace")  # lone surrogates from odd pages
     return _RawPage(url, body[:cap], "; charset=utf-8", len(body) > cap)
@@ -2445,7 +2457,8 @@ class Tools:
         ALLOW_PRIVATE_URLS: bool = Field(
             default=False,
             description="Also read private/loopback addresses (intranets). Inside "
-            "Open WebUI its loader also needs ENABLE_LOCAL_WEB_FETCH.",
+            "Open WebUI its loader also needs ENABLE_LOCAL_WEB_FETCH "
+            "(ENABLE_RAG_LOCAL_WEB_FETCH before 0.11).",
         )
         VERIFY_SSL: bool = Field(default=True, description="Verify TLS certificates.")
         MAX_REDIRECTS: int = Field(
@@ -2629,11 +2642,17 @@ async def _load(target: _Target, ctx: "_CallContext") -> _Page:
     """The built-in fetcher, or Open WebUI's loader when it is the one to use."""
     valves = ctx.valves
     if await _wants_openwebui_loader(valves.PAGE_LOADER, ctx.request):
-        page = await _load_with_openwebui(ctx.request, target.url, valves)
-        if page is not None:
-            return page
-        if valves.PAGE_LOADER == "openwebui":
-            raise _PageError("Open WebUI's page loader returned nothing")
+        try:
+            page = await _load_with_openwebui(ctx.request, target.url, valves)
+        except _MangledFileError:
+            # A file (a PDF) the loader decoded as text, in either mode: only
+            # its exact bytes hold its text, and a browser adds nothing to it.
+            log.info("Open WebUI's loader mangled a file; downloading it")
+        else:
+            if page is not None:
+                return page
+            if valves.PAGE_LOADER == "openwebui":
+                raise _PageError("Open WebUI's page loader returned nothing")
         # auto: a browser/service engine that gave nothing. The built-in fetcher
         # is the stricter path, so a page cannot weaken the checks this way.
     try:
