@@ -18,7 +18,16 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 
-from . import concurrency, fanout, hostile, loop_lag, openai_sdk, rounds, streaming
+from . import (
+    concurrency,
+    fanout,
+    hostile,
+    loop_lag,
+    openai_sdk,
+    rounds,
+    streaming,
+    token_estimate,
+)
 from .report import Row, table
 
 Benchmark = Callable[[bool], Awaitable[list[Row]]]
@@ -31,6 +40,7 @@ BENCHMARKS: dict[str, tuple[str, Benchmark]] = {
     "loop-lag": ("5. Event-loop lag while converting big pages", loop_lag.run),
     "openai-sdk": ("6. Research stream: SSE client vs openai SDK", openai_sdk.run),
     "hostile": ("7. Worst event-loop stall over hostile pages", hostile.run),
+    "token-estimate": ("8. Token estimate vs Qwen's tokenizer", token_estimate.run),
 }
 #: Upper bound per benchmark, so a hang ends the run instead of CI's job.
 TIME_LIMIT_SECONDS = {False: 600.0, True: 120.0}

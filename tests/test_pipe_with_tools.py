@@ -255,3 +255,31 @@ async def test_an_unconfigured_search_shows_a_failed_card():
     assert 'name="search"' in card
     assert "SEARXNG_URL" in card
     assert "&quot;error&quot;" in card  # shown as a failure, not as a result
+
+
+async def test_a_too_long_refusal_still_ends_with_an_answer():
+    # vLLM refuses round 3 for its length; the pipe makes room, asks for the
+    # answer, and says what happened and how to serve more context.
+    with PageSite() as site, FakeOpenAI() as fake:
+        article = site.url("/article")
+        turns = [
+            Reply(content=tool_call("visit", {"url": [article], "goal": "g"})),
+            Reply(
+                status=400,
+                error="This model's maximum context length is 16384 tokens. However, "
+                "you requested 30000 tokens (20000 in the messages, 10000 in the "
+                "completion).",
+            ),
+            Reply(content=answer("Answer from what fits.")),
+        ]
+        fake.respond_with(router(turns, []))
+        pipe = make_pipe(fake, local_tools("", allow_private=True), API_KEY="")
+        text, _, _ = await drive(pipe, QUESTION)
+        wrap_up = [b for b in fake.bodies if b.get("stream")][-1]
+
+    assert "Answer from what fits." in text
+    assert "16,384 tokens" in text and "max-model-len" in text
+    assert "maximum context length" in wrap_up["messages"][-1]["content"] or (
+        "You have now reached the maximum context length"
+        in wrap_up["messages"][-1]["content"]
+    )

@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 
 from ..core.events import (
+    ContextOverflowError,
     ModelChunk,
     ModelDelta,
     ModelError,
@@ -128,6 +129,36 @@ class _Transient(Exception):  # noqa: N818 - internal signal, not an API error
         self.reason = reason
         self.retry_after = retry_after
         self.detail = detail
+
+
+class _Overflow(Exception):  # noqa: N818 - internal signal, not an API error
+    """The server refused the request for its length; ``limit`` if it said."""
+
+    def __init__(self, limit: int, detail: str) -> None:
+        super().__init__(limit)
+        self.limit = limit
+        self.detail = detail
+
+
+# How servers say a request is too long (HTTP 400/413): vLLM and OpenAI
+# "maximum context length is N tokens", OpenAI's code context_length_exceeded,
+# llama.cpp "exceeds the available context size" (type exceed_context_size_error),
+# SGLang "longer than the model's context length (N tokens)".
+_OVERFLOW = re.compile(
+    r"context[_ ]length|context size|context window|maximum context|"
+    r"too many tokens|prompt is too long|input is too long|exceed_context",
+    re.IGNORECASE,
+)
+_OVERFLOW_LIMIT = re.compile(
+    r"(?:maximum context length is|context length \(|\bn_ctx\W{1,3})\s*(\d{3,8})",
+    re.IGNORECASE,
+)
+
+
+def _overflow_limit(text: str) -> int:
+    """The context size a too-long-request error names (0 when it names none)."""
+    match = _OVERFLOW_LIMIT.search(text[:_MAX_ERROR_BODY])
+    return int(match.group(1)) if match else 0
 
 
 class _Refused(Exception):  # noqa: N818 - internal signal, not an API error
@@ -221,8 +252,9 @@ async def shared_ssl_context() -> ssl.SSLContext:
 
 
 _CONTEXT_FIELDS = ("max_model_len", "context_length", "context_window", "n_ctx")
-# (base URL, model) -> (monotonic time, tokens): a hosted provider's model list
-# can be megabytes, and it rarely changes, so it is read at most every 10 min.
+# (base URL, model) -> (monotonic expiry, tokens): a hosted provider's model
+# list can be megabytes, and it rarely changes, so it is read at most every
+# 10 min.
 _CONTEXT_CACHE: dict[tuple[str, str], tuple[float, int]] = {}
 _CONTEXT_CACHE_SECONDS = 600.0
 
@@ -232,32 +264,89 @@ async def served_context_tokens(
 ) -> int:
     """The context length the server says it serves for the model (0 = unknown).
 
-    vLLM lists ``max_model_len`` under ``GET /models``, OpenRouter
-    ``context_length``, llama.cpp ``n_ctx`` in its metadata. A deployment may
-    serve far less than the model's 128K, and the research budget must fit
-    what is actually served. Any failure means "unknown": never an error.
+    A deployment may serve far less than the model's 128K, and the research
+    budget must fit what is actually served. Asked in turn, until one answers:
+
+    - ``GET /models``: vLLM ``max_model_len``, OpenRouter ``context_length``;
+    - llama.cpp ``GET /props``: ``default_generation_settings.n_ctx``, the
+      context of one slot (``-c`` divided among ``--parallel`` slots);
+    - Ollama ``GET /api/ps``: ``context_length`` of the loaded model, else
+      ``POST /api/show``: a ``num_ctx`` set in its Modelfile parameters. The
+      trained maximum (``model_info``) is not what Ollama serves, so it is
+      never used.
+
+    The native endpoints live at the server root (``base_url`` without
+    ``/v1``). Each reply is capped and timed; any failure means "unknown",
+    never an error. Known sizes are cached 10 minutes, unknown ones 1 minute
+    (Ollama reports a model's context only once it is loaded).
     """
     key = (settings.base_url, settings.model)
     cached = _CONTEXT_CACHE.get(key)
-    if cached and time.monotonic() - cached[0] < _CONTEXT_CACHE_SECONDS:
+    if cached and time.monotonic() < cached[0]:
         return cached[1]
-    tokens = await _read_served_context(http, settings)
-    _CONTEXT_CACHE[key] = (time.monotonic(), tokens)
+    tokens = 0
+    for read in (_context_from_models, _context_from_props, _context_from_ollama):
+        tokens = await read(http, settings)
+        if tokens > 0:
+            break
+    ttl = _CONTEXT_CACHE_SECONDS if tokens else _UNKNOWN_CACHE_SECONDS
+    _CONTEXT_CACHE[key] = (time.monotonic() + ttl, tokens)
     return tokens
 
 
-async def _read_served_context(http: httpx.AsyncClient, settings: ModelSettings) -> int:
+_UNKNOWN_CACHE_SECONDS = 60.0
+#: Largest context-info reply read (a hosted provider's model list is ~2 MB).
+_MAX_INFO_BYTES = 8 * 1024 * 1024
+
+
+def _server_root(settings: ModelSettings) -> str:
+    base = settings.public_base_url
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+async def _json_from(
+    http: httpx.AsyncClient,
+    settings: ModelSettings,
+    method: str,
+    url: str,
+    body: Any = None,
+) -> Any:
+    """A small JSON reply from the model server, or None (bounded; never raises)."""
     try:
         with secrets.guard_http_logs(settings.redactor()):
             async with asyncio.timeout(5.0):
-                response = await http.get(
-                    settings.models_url,
+                request = http.build_request(
+                    method,
+                    url,
+                    json=body,
                     headers=settings.auth_headers(),
                     timeout=httpx.Timeout(5.0),
                 )
-        entries = response.json().get("data") or []
-    except (httpx.HTTPError, ValueError, AttributeError, RecursionError, TimeoutError):
-        return 0
+                response = await http.send(request, stream=True)
+                try:
+                    if response.status_code != 200:
+                        return None
+                    raw = b""
+                    async for part in response.aiter_bytes():
+                        raw += part
+                        if len(raw) > _MAX_INFO_BYTES:
+                            return None
+                finally:
+                    await response.aclose()
+        if len(raw) > 200_000:  # a big model list: parse off the event loop
+            return await asyncio.to_thread(json.loads, raw)
+        return json.loads(raw)
+    except (httpx.HTTPError, ValueError, RecursionError, TimeoutError):
+        return None
+
+
+def _positive_int(value: Any) -> int:
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+async def _context_from_models(http: httpx.AsyncClient, settings: ModelSettings) -> int:
+    listing = await _json_from(http, settings, "GET", settings.models_url)
+    entries = listing.get("data") if isinstance(listing, dict) else None
     for entry in entries if isinstance(entries, list) else []:
         if not isinstance(entry, dict) or entry.get("id") != settings.model:
             continue
@@ -265,9 +354,41 @@ async def _read_served_context(http: httpx.AsyncClient, settings: ModelSettings)
         for place in places:
             for name in _CONTEXT_FIELDS:
                 value = place.get(name) if isinstance(place, dict) else None
-                if isinstance(value, int) and value > 0:
-                    return value
+                tokens = _positive_int(value)
+                if tokens:
+                    return tokens
     return 0
+
+
+async def _context_from_props(http: httpx.AsyncClient, settings: ModelSettings) -> int:
+    props = await _json_from(http, settings, "GET", _server_root(settings) + "/props")
+    if not isinstance(props, dict):
+        return 0
+    defaults = props.get("default_generation_settings")
+    slot = defaults.get("n_ctx") if isinstance(defaults, dict) else None
+    return _positive_int(slot) or _positive_int(props.get("n_ctx"))
+
+
+_NUM_CTX = re.compile(r"^\s*num_ctx\s+(\d{2,9})\s*$", re.MULTILINE)
+
+
+async def _context_from_ollama(http: httpx.AsyncClient, settings: ModelSettings) -> int:
+    root = _server_root(settings)
+    running = await _json_from(http, settings, "GET", root + "/api/ps")
+    models = running.get("models") if isinstance(running, dict) else None
+    for entry in models if isinstance(models, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        if settings.model in (entry.get("name"), entry.get("model")):
+            loaded = _positive_int(entry.get("context_length"))
+            if loaded:
+                return loaded
+    shown = await _json_from(
+        http, settings, "POST", root + "/api/show", {"model": settings.model}
+    )
+    parameters = shown.get("parameters") if isinstance(shown, dict) else None
+    match = _NUM_CTX.search(parameters) if isinstance(parameters, str) else None
+    return int(match.group(1)) if match else 0
 
 
 class SSEDecoder:
@@ -458,6 +579,10 @@ class OpenAIModelClient:
                     async for chunk in self._attempt(messages):
                         yield chunk
                     return
+                except _Overflow as overflow:
+                    raise ContextOverflowError(
+                        self._overflowed(overflow), overflow.limit
+                    ) from None
                 except _Refused as refused:
                     raise ModelError(self._refused(refused)) from None
                 except _Transient as failure:
@@ -491,6 +616,15 @@ class OpenAIModelClient:
         if refused.detail.strip():
             return self._public(f"{text} Server said", refused.detail)
         return self._public(text)
+
+    def _overflowed(self, overflow: _Overflow) -> str:
+        held = f" (it holds {overflow.limit:,} tokens)" if overflow.limit else ""
+        return self._public(
+            f"The model server at {self.settings.public_base_url} refused the "
+            f"conversation as too long for its context{held}. Serve a longer "
+            "context or lower MAX_CONTEXT_TOKENS. Server said",
+            overflow.detail,
+        )
 
     def _gave_up(self, reason: str, attempts: int) -> str:
         s = self.settings
@@ -567,7 +701,10 @@ class OpenAIModelClient:
             if len(raw) > _MAX_ERROR_BODY:
                 break
         status = response.status_code
+        body = raw[:_MAX_ERROR_BODY].decode("utf-8", "replace")
         detail = _error_detail(raw[:_MAX_ERROR_BODY])
+        if status in (400, 413) and _OVERFLOW.search(body):
+            raise _Overflow(_overflow_limit(body), detail)
         if status == 400 and self._send_usage_option and "stream_options" in detail:
             # Some older servers reject stream_options; ask once without it.
             self._send_usage_option = False

@@ -77,6 +77,19 @@ class ModelError(Exception):
         self.message = message
 
 
+class ContextOverflowError(ModelError):
+    """The server refused the request for its length (prompt + reply too long).
+
+    ``limit`` is the context the server said it holds (0 when it did not say).
+    The loop recovers from it: it makes room and asks for the answer.
+    """
+
+    def __init__(self, message: str, limit: int = 0) -> None:
+        """Keep the user-facing message and the server's context, if given."""
+        super().__init__(message)
+        self.limit = limit
+
+
 class ModelPort(Protocol):
     """Streams one chat completion (retries are the port's business)."""
 
@@ -189,6 +202,14 @@ class WrappingUp:
 
 
 @dataclass(frozen=True)
+class ContextWarning:
+    """Something about the served context the user should know and can fix."""
+
+    text: str
+    kind: str = "context_warning"
+
+
+@dataclass(frozen=True)
 class RunStats:
     """Figures for the research summary."""
 
@@ -223,6 +244,7 @@ Event = (
     | ToolCallFinished
     | UsageUpdated
     | WrappingUp
+    | ContextWarning
     | RunFinished
 )
 

@@ -26,6 +26,14 @@ Decisions beyond the reference agent (each has a test):
   wrap-up that overruns its grace ends the run with what was written.
 - Calls that are not strict JSON are parsed by json5 in a worker thread
   (`toolcalls.needs_lenient_parse`), never on the event loop.
+- The served context is respected, whatever the budget valves say: a served
+  context too small for research is said at the start (`ContextWarning`); a
+  server that reports processing far fewer prompt tokens than were sent cut
+  the conversation silently (Ollama drops its start), which is said and
+  wraps the run up within what it processed; a request refused for its length
+  (`ContextOverflowError`) makes room, oldest tool results first, and asks
+  for the answer, a bounded number of times. A run never ends on a context
+  overflow without an answer attempt.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ from typing import Any
 from .budget import messages_tokens
 from .events import (
     AnswerDelta,
+    ContextOverflowError,
+    ContextWarning,
     Counters,
     Event,
     ModelDelta,
@@ -91,6 +101,20 @@ TIME_LIMIT_TOOL = (
     "Error: the research time limit was reached before this tool finished; "
     "it was stopped and returned nothing."
 )
+#: Below this served context a research run can hold only a page or two.
+MIN_RESEARCH_CONTEXT = 32 * 1024
+#: How to serve more context, per server (said to the user).
+RAISE_CONTEXT_HINT = (
+    "Serve a longer context: Ollama num_ctx (or OLLAMA_CONTEXT_LENGTH=65536), "
+    "llama.cpp -c 65536, vLLM --max-model-len, SGLang --context-length."
+)
+#: Reported prompt tokens below this share of those sent mean the server cut
+#: the prompt (the estimate errs ~10% high, never by half); the gap must also
+#: exceed `TRUNCATION_MIN_GAP` so short prompts cannot trip it.
+TRUNCATION_RATIO = 0.5
+TRUNCATION_MIN_GAP = 2048
+#: Times the final answer is asked for again after an overflow, each with less.
+OVERFLOW_RETRIES = 3
 
 
 class _OutOfTimeError(Exception):
@@ -187,10 +211,19 @@ class ResearchLoop:
         self.clock = clock
         # The event loop's timer saw the deadline pass (tools were stopped).
         self._out_of_time_seen = False
+        # The context the server showed it holds (a refusal, a silent cut).
+        self._context_cap = 0
 
     # -- the loop --
     async def run(self) -> AsyncIterator[Event]:
         """Yield the run's events until it finishes (always with RunFinished)."""
+        small = self._small_context_warning()
+        if small is not None:
+            yield small
+        async for event in self._rounds():
+            yield event
+
+    async def _rounds(self) -> AsyncIterator[Event]:
         state = self.state
         while True:
             exhausted = self._exhausted_budget()
@@ -207,7 +240,8 @@ class ResearchLoop:
                 ):
                     yield event
             except ModelError as error:
-                yield self._finished("error", error=error.message)
+                async for event in self._model_failed(error):
+                    yield event
                 return
             except _OutOfTimeError:
                 async for event in self._out_of_time(result):
@@ -231,6 +265,15 @@ class ResearchLoop:
                 return
             nudge = CUT_OFF_NUDGE if result.finish_reason == "length" else NO_CALL_NUDGE
             state.messages.append({"role": "user", "content": wrap_response(nudge)})
+
+    async def _model_failed(self, error: ModelError) -> AsyncIterator[Event]:
+        """A round's call failed for good: recover from an overflow, else stop."""
+        if not isinstance(error, ContextOverflowError):
+            yield self._finished("error", error=error.message)
+            return
+        yield self._overflowed(error)
+        async for event in self._wrap_up("context_limit"):
+            yield event
 
     # -- deadlines --
     def _deadline(self) -> float:
@@ -292,6 +335,9 @@ class ResearchLoop:
                         yield event
                 elif isinstance(chunk, ModelUsage):
                     yield self._count_usage(chunk, sent)
+                    warning = self._truncation(chunk, sent)
+                    if warning is not None:
+                        yield warning
                 elif isinstance(chunk, ModelFinish):
                     result.finish_reason = chunk.reason
                 elif isinstance(chunk, ModelRetry):
@@ -325,6 +371,52 @@ class ResearchLoop:
             counters.cost,
             state.measured_tokens,
         )
+
+    def _small_context_warning(self) -> ContextWarning | None:
+        served = self.limits.model_context_tokens
+        if not 0 < served < MIN_RESEARCH_CONTEXT:
+            return None
+        return ContextWarning(
+            f"The model server serves a context of only {served:,} tokens; "
+            f"research needs {MIN_RESEARCH_CONTEXT:,} or more (64K recommended), "
+            f"so it will stop early. {RAISE_CONTEXT_HINT}"
+        )
+
+    def _truncation(self, usage: ModelUsage, sent: int) -> ContextWarning | None:
+        """A warning when the server processed far less than was sent.
+
+        Ollama, for one, silently drops the start of a prompt longer than its
+        context (the system prompt first) and reports what it kept. The run
+        then holds to what the server processed, so the next check wraps up.
+        """
+        if usage.prompt_tokens <= 0:
+            return None
+        expected = messages_tokens(self.state.messages[:sent], image_tokens=0)
+        processed = usage.prompt_tokens
+        if processed >= TRUNCATION_RATIO * expected:
+            return None
+        if expected - processed < TRUNCATION_MIN_GAP:
+            return None
+        self._cap_context(processed + usage.completion_tokens)
+        return ContextWarning(
+            f"The model server processed only {processed:,} of the about "
+            f"{expected:,} prompt tokens sent: it cut the conversation to fit a "
+            "smaller context than the research needs, so the model no longer "
+            f"sees all of it. The run is wrapping up. {RAISE_CONTEXT_HINT}"
+        )
+
+    def _overflowed(self, error: ContextOverflowError) -> ContextWarning:
+        """Hold the run to the context the server holds; say so."""
+        sent = self.state.context_tokens()
+        self._cap_context(error.limit or int(sent * 0.75))
+        return ContextWarning(
+            f"{error.message} Making room and asking for the answer. "
+            f"{RAISE_CONTEXT_HINT}"
+        )
+
+    def _cap_context(self, tokens: int) -> None:
+        tokens = max(tokens, 1)
+        self._context_cap = min(self._context_cap or tokens, tokens)
 
     # -- tools --
     async def _run_calls(self, raw_calls: tuple[str, ...]) -> AsyncIterator[Event]:
@@ -421,11 +513,22 @@ class ResearchLoop:
             counters.pages_requested += len(call.arguments.get("url", []))
 
     # -- budgets --
-    def _context_limit(self) -> int:
+    def _hard_limit(self) -> int:
+        """The most the server holds: prompt and reply together."""
         limits = self.limits
-        limit = limits.max_context_tokens
-        if limits.model_context_tokens > 0:
-            limit = min(limit, limits.model_context_tokens - limits.max_output_tokens)
+        hard = limits.model_context_tokens or (
+            limits.max_context_tokens + limits.max_output_tokens
+        )
+        return min(hard, self._context_cap) if self._context_cap else hard
+
+    def _reply_room(self) -> int:
+        """Tokens kept free for the reply (at most half of a small context)."""
+        return min(self.limits.max_output_tokens, self._hard_limit() // 2)
+
+    def _context_limit(self) -> int:
+        limit = min(
+            self.limits.max_context_tokens, self._hard_limit() - self._reply_room()
+        )
         return max(limit, 1)
 
     def _exhausted_budget(self) -> Termination | None:
@@ -444,20 +547,29 @@ class ResearchLoop:
         state.round += 1
         yield WrappingUp(reason)
         state.messages.append({"role": "user", "content": WRAP_UP_MESSAGE})
-        self._make_room_for_answer()
         result = _TurnResult(TurnParser().finish())
         cut_short = False
-        try:
-            grace = self._grace_deadline()
-            async for event in self._model_turn(result, grace, grace):
-                yield event
-        except ModelError as error:
-            yield self._finished("error", error=error.message)
-            return
-        except _OutOfTimeError:
-            # Even the grace ran out: end with whatever answer was written.
-            reason = "time_limit"
-            cut_short = True
+        grace = self._grace_deadline()
+        for attempt in range(OVERFLOW_RETRIES + 1):
+            self._make_room_for_answer()
+            result = _TurnResult(TurnParser().finish())
+            try:
+                async for event in self._model_turn(result, grace, grace):
+                    yield event
+            except ContextOverflowError as error:
+                if attempt == OVERFLOW_RETRIES:
+                    yield self._finished("error", error=error.message)
+                    return
+                yield self._overflowed(error)
+                continue
+            except ModelError as error:
+                yield self._finished("error", error=error.message)
+                return
+            except _OutOfTimeError:
+                # Even the grace ran out: end with whatever answer was written.
+                reason = "time_limit"
+                cut_short = True
+            break
         turn = result.turn
         state.messages.append({"role": "assistant", "content": turn.history_text})
         if turn.answer is not None:
@@ -470,19 +582,27 @@ class ResearchLoop:
             yield self._finished("time_limit" if cut_short else "no_answer")
 
     def _make_room_for_answer(self) -> None:
-        """Drop the last tool result when even the wrap-up would not fit."""
-        state, limits = self.state, self.limits
-        hard_limit = limits.model_context_tokens or (
-            limits.max_context_tokens + limits.max_output_tokens
-        )
-        if state.context_tokens() + limits.max_output_tokens <= hard_limit:
+        """Drop tool results until the wrap-up and its reply fit.
+
+        The last result goes first (the reference agent overwrote it with the
+        wrap-up message); then the oldest, so the freshest evidence stays.
+        """
+        state = self.state
+        fits = self._hard_limit() - self._reply_room()
+        if state.context_tokens() <= fits:
             return
-        for message in reversed(state.messages[:-1]):
-            content = message.get("content")
-            if message.get("role") == "user" and isinstance(content, str):
-                if content.startswith("<tool_response>"):
-                    message["content"] = wrap_response(DROPPED_RESULT)
-                    state.measured_tokens = None
+        results = [
+            message
+            for message in state.messages[:-1]
+            if message.get("role") == "user"
+            and isinstance(message.get("content"), str)
+            and message["content"].startswith("<tool_response>")
+            and message["content"] != wrap_response(DROPPED_RESULT)
+        ]
+        for message in [*results[-1:], *results[:-1]]:
+            message["content"] = wrap_response(DROPPED_RESULT)
+            state.measured_tokens = None
+            if state.context_tokens() <= fits:
                 return
 
     def _finished(

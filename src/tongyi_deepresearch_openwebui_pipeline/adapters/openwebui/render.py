@@ -33,6 +33,7 @@ from urllib.parse import quote
 from ...core.events import (
     TERMINATION_TEXT,
     AnswerDelta,
+    ContextWarning,
     Event,
     ModelRetrying,
     RoundStarted,
@@ -189,6 +190,7 @@ class ChatRenderer:
         self._round = 0
         self._max_rounds = 0
         self._usage = ""
+        self._warnings: list[str] = []
 
     @property
     def answer_streamed(self) -> bool:
@@ -283,6 +285,9 @@ class ChatRenderer:
                 f"{self._prefix()} · model server problem ({event.reason}); retrying "
                 f"{event.attempt}/{event.max_attempts} in {event.delay:.0f} s"
             )
+        if isinstance(event, ContextWarning):
+            self._warnings.append(event.text)
+            return f"⚠️ {event.text}"
         if isinstance(event, WrappingUp):
             return (
                 f"{self._prefix()} · {TERMINATION_TEXT[event.reason]}: asking for the "
@@ -295,6 +300,8 @@ class ChatRenderer:
         if event.answer and not self._answer_started:
             out += self._answer(event.answer)
         out += self._rewriter.flush()
+        for warning in dict.fromkeys(self._warnings):  # each said once
+            out += f"\n\n> ⚠️ {markdown_text(warning)}\n"
         if event.reason == "error":
             out += f"\n\n> ⚠️ **The research stopped:** {event.error}\n"
             await self.emit.notify("error", event.error)
