@@ -20,6 +20,7 @@ import asyncio
 import base64
 import codecs
 import contextlib
+import dataclasses
 import email.utils
 import functools
 import importlib
@@ -177,12 +178,21 @@ class _RawPage:
 
 @dataclass
 class _Page:
-    """A readable page: text within the budget, plus where it came from."""
+    """A readable page: text within the budget, plus where it came from.
+
+    `reading` says what of the page `text` is: "main" (its main content),
+    "whole" (the whole readable page), "document" (a PDF or a text file,
+    unchanged), "loader" (the text Open WebUI's loader returned, unchanged)
+    or "" (not known); `page_chars` is the length of the whole readable page,
+    for the status line and the source card.
+    """
 
     final_url: str
     title: str
     text: str
     redirects: list[str] = field(default_factory=list)
+    reading: str = ""
+    page_chars: int = 0
 
 
 _BINARY_MAGIC: tuple[tuple[bytes, str], ...] = (
@@ -423,7 +433,10 @@ class _HtmlToText(HTMLParser):
         if tag == "title":
             self._in_title = True
         elif tag == "base" and attr.get("href"):
-            self.base_url = urljoin(self.base_url, attr.get("href") or "")
+            # A malformed one is ignored, as browsers do.
+            self.base_url = _resolved(self.base_url, attr.get("href") or "") or (
+                self.base_url
+            )
         elif tag == "meta" and attr.get("property") == "og:title":
             self._titles["og"] = " ".join((attr.get("content") or "").split())
         elif tag not in _VOID_TAGS and self._hidden(tag, attr):
@@ -534,7 +547,7 @@ class _HtmlToText(HTMLParser):
         self._sinks.pop()
         raw = buffer.value()
         text, href = " ".join(raw.split()), href.strip()
-        target = urljoin(self.base_url, href)
+        target = _resolved(self.base_url, href)
         useful = (
             text
             and href
@@ -582,6 +595,19 @@ class _HtmlToText(HTMLParser):
         return text, title or (heading.group(1) if heading else "")
 
 
+def _resolved(base_url: str, href: str) -> str:
+    """`urljoin`, or "" for a URL it cannot parse (an unbalanced IPv6 bracket).
+
+    One malformed link or `<base href>` must not end the reading of the page.
+    """
+    try:
+        target = urljoin(base_url, href)
+        urlsplit(target)  # what the callers do next; it raises on the same URLs
+    except ValueError:
+        return ""
+    return target
+
+
 def _html_to_text(html: str, base_url: str, char_limit: int) -> tuple[str, str]:
     """Convert HTML, stopping early once far more text than needed is collected."""
     parser = _HtmlToText(base_url)
@@ -625,16 +651,181 @@ def _pdf_to_text(data: bytes, char_limit: int) -> tuple[str, str]:
     return "\n\n".join(pages), title
 
 
+# Main content is looked for only in pages of at most this many tags: the
+# library's cost grows with the tags (up to ~100 µs each on hostile shapes),
+# so a page costs the worker about two seconds at most. Real articles have a
+# few thousand; bigger pages are read whole.
+_MAIN_MAX_TAGS = 25_000
+# Main content shorter than this (in characters, link targets not counted)
+# means the library found none: the whole readable page is used.
+_MIN_MAIN_CHARS = 250
+# When this share of the main content was link text in the page that lost its
+# link (the library drops links in tables and link lists), the page is an
+# index, a list of results or a table of links: its links are its content, so
+# the whole readable page is used. Articles lose under 0.1 (the page-reading
+# benchmark's 91 pages); a front page of headlines over 0.5.
+_MAX_LOST_LINK_SHARE = 0.25
+_LINK_TARGET = re.compile(r"\]\([^()\s]*(?:\([^()\s]*\)[^()\s]*)*\)")
+_ANCHOR = re.compile(r"\[([^\[\]\n]{1,500})\]\(")
+_WORD = re.compile(r"\w+")
+
+
+def _main_content(html: str, base_url: str) -> str:
+    """The page's main content as Markdown with links ("" if none or no library).
+
+    trafilatura (optional: installed with the package) drops navigation,
+    footers, banners and related-article lists. It reads the tree
+    `_cleaned_tree` leaves: what the whole-page reader would never show is
+    gone first, whatever the library thinks of it. Its fast mode skips the
+    fallback extractors, which cost time without better scores here
+    (benchmarks/page_reading.py); `favor_recall` keeps borderline paragraphs.
+    """
+    if html.count("<") > _MAIN_MAX_TAGS:
+        return ""
+    try:
+        import trafilatura  # noqa: PLC0415  (optional dependency)
+    except Exception:  # absent, or broken (lxml without lxml_html_clean)
+        return ""
+    try:
+        tree = trafilatura.load_html(html)
+        if tree is None:
+            return ""
+        text = trafilatura.extract(
+            _cleaned_tree(tree, base_url),
+            url=base_url or None,
+            output_format="markdown",
+            include_links=True,
+            include_tables=True,
+            include_comments=True,
+            include_images=False,
+            fast=True,
+            favor_recall=True,
+        )
+    except Exception:  # the library failed on this page: the whole page instead
+        log.debug("main content extraction failed", exc_info=True)
+        return ""
+    if not isinstance(text, str):
+        return ""
+    return _TRAILING_SPACE.sub("\n", text).strip()
+
+
+_TRAILING_SPACE = re.compile(r"[ \t]+\n")
+# Never read as main content, as the whole-page reader never reads them:
+# code, invisible or interactive parts. Navigation, asides, headers and
+# footers are left to the library: it tells an article's own from the site's.
+_NEVER_MAIN_TAGS = _SKIP_TAGS - {"nav", "aside"}
+
+
+def _cleaned_tree(tree: Any, base_url: str) -> Any:
+    """The lxml tree without what is never shown, its links absolute or gone.
+
+    Hidden elements (the `hidden` attribute, `aria-hidden`, `display:none`)
+    carry text no reader sees, a place for instructions aimed at the model.
+    A link keeps its target only for http(s) URLs, resolved against the page
+    (and its `<base href>`), as the whole-page reader does; other links
+    (`javascript:`, in-page anchors) keep only their text.
+    """
+    for base in tree.iter("base"):
+        if base.get("href"):
+            base_url = _resolved(base_url, base.get("href") or "") or base_url
+            break
+    doomed, unlinked = [], []
+    for element in tree.iter():
+        tag = element.tag
+        if not isinstance(tag, str):  # comments, processing instructions
+            continue
+        if tag.lower() in _NEVER_MAIN_TAGS or _hidden_element(element):
+            doomed.append(element)
+        elif tag.lower() == "a" and not _resolve_link(element, base_url):
+            unlinked.append(element)
+    for element in doomed:
+        if element.getparent() is not None:
+            element.drop_tree()  # keeps the text after it (its tail)
+    for element in unlinked:
+        if element.getparent() is not None:
+            element.drop_tag()  # keeps its text and children
+    return tree
+
+
+def _hidden_element(element: Any) -> bool:
+    """Whether the whole-page reader would skip this element as hidden."""
+    return (
+        element.get("hidden") is not None
+        or (element.get("aria-hidden") or "").lower() == "true"
+        or bool(_HIDDEN_STYLE.search(element.get("style") or ""))
+    )
+
+
+def _resolve_link(element: Any, base_url: str) -> bool:
+    """Make a link's target absolute; False when it leads nowhere useful."""
+    href = (element.get("href") or "").strip()
+    target = _resolved(base_url, href) if href else ""
+    if href.startswith("#") or urlsplit(target).scheme not in ("http", "https"):
+        return False
+    element.set("href", target)
+    return True
+
+
+def _plain_size(markdown: str) -> int:
+    """Characters of text in Markdown, without link targets."""
+    return len(_LINK_TARGET.sub("]", markdown))
+
+
+def _lost_link_share(whole: str, main: str) -> float:
+    """Share of `main` that was link text in `whole` and is no longer a link.
+
+    Linear: a lost link counts when its first three words are three words of
+    the main content in a row (shorter link texts, "Home", "user42", are
+    never what makes a page an index).
+    """
+    words = _WORD.findall(_LINK_TARGET.sub("]", main))
+    runs = set(zip(words, words[1:], words[2:], strict=False))
+    kept = set(_ANCHOR.findall(main))
+    lost = 0
+    for anchor in set(_ANCHOR.findall(whole)) - kept:
+        first = tuple(_WORD.findall(anchor)[:3])
+        if len(first) == 3 and first in runs:
+            lost += len(anchor)
+    return lost / max(_plain_size(main), 1)
+
+
+def _read_html(
+    html: str,
+    base_url: str,
+    char_limit: int,
+    read_whole: "Callable[[str, str, int], tuple[str, str]]" = _html_to_text,
+    read_main: "Callable[[str, str], str] | None" = _main_content,
+) -> tuple[str, str, str, int]:
+    """(text, title, reading, page_chars): the main content, else the whole page.
+
+    The whole page when the library found too little, dropped the links that
+    make the page what it is, or saved nothing (a page that is all article
+    reads better in the whole-page reader's own format).
+    """
+    whole, title = read_whole(html, base_url, char_limit)
+    main = read_main(html, base_url) if read_main is not None else ""
+    whole_complete = len(whole) < char_limit  # else the reader stopped early
+    if (
+        _plain_size(main) < _MIN_MAIN_CHARS
+        or _lost_link_share(whole, main) >= _MAX_LOST_LINK_SHARE
+        or (whole_complete and len(main) >= len(whole))
+    ):
+        return whole, title, "whole", len(whole)
+    return main, title, "main", len(whole)
+
+
 def _convert(
     raw: _RawPage,
     max_tokens: int,
-    read_html: "Callable[[str, str, int], tuple[str, str]]" = _html_to_text,
+    read_whole: "Callable[[str, str, int], tuple[str, str]]" = _html_to_text,
+    read_main: "Callable[[str, str], str] | None" = _main_content,
 ) -> _Page:
     """Bytes -> `_Page` (in a worker process, or a thread: never on the loop)."""
     if not raw.body or raw.body.isspace():  # no copy of a multi-MB body
         raise _PageError("the page is empty")
     kind, label = _classify(raw.content_type, raw.body)
     char_limit = max_tokens * 5
+    reading, page_chars = "document", 0
     if kind == "binary":
         raise _PageError(f"the URL points to {label}, not a readable page")
     if kind == "pdf":
@@ -643,14 +834,17 @@ def _convert(
         text, title = _pdf_to_text(raw.body, char_limit)
     elif kind == "html":
         html = _decode(raw.body, raw.content_type, html=True)
-        text, title = read_html(html, raw.final_url, char_limit)
+        text, title, reading, page_chars = _read_html(
+            html, raw.final_url, char_limit, read_whole, read_main
+        )
     else:
         text, title = _decode(raw.body, raw.content_type, html=False).strip(), ""
     if not text.strip():
         raise _PageError("the page has no readable text")
-    return _fitted(
-        _Page(raw.final_url, title, text, raw.redirects), max_tokens, raw.truncated
-    )
+    if reading == "document":
+        page_chars = len(text)
+    page = _Page(raw.final_url, title, text, raw.redirects, reading, page_chars)
+    return _fitted(page, max_tokens, raw.truncated)
 
 
 def _fitted(page: _Page, max_tokens: int, already_cut: bool = False) -> _Page:
@@ -658,7 +852,14 @@ def _fitted(page: _Page, max_tokens: int, already_cut: bool = False) -> _Page:
     text, cut = _fit_budget(page.text, max_tokens)
     if cut or already_cut:
         text = f"{text}\n\n{TRUNCATION_NOTE}"
-    return _Page(page.final_url, page.title, text, page.redirects)
+    return _Page(
+        page.final_url,
+        page.title,
+        text,
+        page.redirects,
+        page.reading,
+        page.page_chars,
+    )
 
 
 def _converter_main() -> None:
@@ -669,7 +870,8 @@ def _converter_main() -> None:
     every page after the first finds them loaded}); the worker answers
     "ready". Then, per page: a JSON header line (size, url, content_type,
     cut, max_tokens, seconds), the body, and one JSON answer line out:
-    {"title", "text"}, or {"error"} when the page itself cannot be converted.
+    {"title", "text", "reading", "page_chars"}, or {"error"} when the page
+    itself cannot be converted.
     A page error never ends the worker; the server kills it when a page takes
     too long, and `seconds` makes it end itself should the server be gone.
     """
@@ -697,7 +899,12 @@ def _converter_main() -> None:
             signal.alarm(job["seconds"])  # SIGALRM ends an orphaned worker
         try:
             page = _convert(raw, job["max_tokens"])
-            answer = {"title": page.title, "text": page.text}
+            answer = {
+                "title": page.title,
+                "text": page.text,
+                "reading": page.reading,
+                "page_chars": page.page_chars,
+            }
         except _PageError as exc:
             answer = {"error": str(exc)}
         except Exception as exc:  # the page broke the converter: still a page error
@@ -752,7 +959,8 @@ _START_RETRY_SECONDS = 600.0
 # ends itself after this long on one page (should the server be gone).
 _MAX_CONVERT_SECONDS = 600
 # Modules a worker imports when it starts, before its first page.
-_WARM_IMPORTS: tuple[str, ...] = ()
+# trafilatura costs ~0.5 s to import: paid when the worker starts, once.
+_WARM_IMPORTS: tuple[str, ...] = ("trafilatura",)
 # The child's command line: it reads its program from stdin (a length line,
 # then the source), which keeps 20 kB of code out of `ps` and out of the
 # command-line length limits; setup and pages follow on the same stdin.
@@ -767,6 +975,7 @@ _CHILD_PRELUDE = """\
 import codecs, io, json, os, re, signal, sys
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 class _QuietLog:
     def debug(self, *args, **kwargs):
@@ -915,8 +1124,18 @@ async def _convert_in_child(raw: _RawPage, max_tokens: int) -> _Page | None:
     if "error" in answer:
         raise _PageError(str(answer["error"]))
     return _Page(
-        raw.final_url, str(answer["title"]), str(answer["text"]), raw.redirects
+        raw.final_url,
+        str(answer["title"]),
+        str(answer["text"]),
+        raw.redirects,
+        str(answer.get("reading") or ""),
+        _count(answer.get("page_chars")),
     )
+
+
+def _count(value: Any) -> int:
+    """A non-negative int from the worker's answer (0 for anything else)."""
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 async def _run_job(worker: _Worker, raw: _RawPage, max_tokens: int) -> dict:
@@ -1121,10 +1340,12 @@ _FALLBACK_ATTRIBUTE = re.compile(
 def _convert_budgeted(raw: _RawPage, max_tokens: int) -> _Page:
     """`_convert` without a worker process (in a thread): HTML in linear time.
 
-    PDFs still go through pypdf here: only when no worker process can run at
-    all, as before there was one.
+    The whole readable page, without main-content extraction: a thread cannot
+    be stopped, and the library's cost is not linear in the page. PDFs still
+    go through pypdf here: only when no worker process can run at all, as
+    before there was one.
     """
-    return _convert(raw, max_tokens, _html_to_text_linear)
+    return _convert(raw, max_tokens, _html_to_text_linear, read_main=None)
 
 
 def _html_to_text_linear(html: str, base_url: str, char_limit: int) -> tuple[str, str]:
@@ -1449,7 +1670,11 @@ async def _load_with_openwebui(
         raise _MangledFileError(url)
     page = await _convert_page(raw, valves.MAX_PAGE_TOKENS)
     title = _loader_title(docs) or page.title
-    return _Page(page.final_url, title, page.text, page.redirects)
+    # Text (not HTML, not a PDF) is the loader's own reading of the page, given
+    # as it came: a browser engine's visible text, a service's Markdown.
+    loaded = _classify(raw.content_type, raw.body)[0] == "text"
+    reading = "loader" if loaded else page.reading
+    return dataclasses.replace(page, title=title, reading=reading)
 
 
 def _loaded_body(url: str, content: str, cap: int) -> _RawPage | None:
@@ -2395,13 +2620,35 @@ async def _emit(emitter: Callable[[dict], Awaitable[Any]] | None, event: dict) -
         log.debug("event emitter failed", exc_info=True)
 
 
+def _kept_note(page: _Page) -> str:
+    """How much of the page the extractor reads, e.g. "main content, 5,210 of 10,377".
+
+    Empty when not known (a page from an older cache).
+    """
+    text = page.text.removesuffix(TRUNCATION_NOTE).rstrip()
+    kept = len(text)
+    cut = ", cut to the reading budget" if len(text) < len(page.text) else ""
+    if page.reading == "main" and page.page_chars:
+        return f"main content, {kept:,} of {page.page_chars:,} characters{cut}"
+    if page.reading == "whole":
+        return f"whole page, {kept:,} characters{cut}"
+    if page.reading == "document":
+        return f"whole document, {kept:,} characters{cut}"
+    if page.reading == "loader":
+        return f"text from Open WebUI's loader, {kept:,} characters{cut}"
+    return ""
+
+
 def _status(description: str, done: bool = False) -> dict:
     return {"type": "status", "data": {"description": description, "done": done}}
 
 
 def _source_event(url: str, goal: str, outcome: _Outcome) -> dict:
+    """The source card: the evidence, and how much of the page was read."""
     page = outcome.page or _Page(url, "", "")
     title = page.title or url
+    kept = _kept_note(page)
+    card = f"{outcome.evidence}\n\n[Read: {kept}]" if kept else outcome.evidence
     meta = {
         "source": url,
         "name": title,
@@ -2410,12 +2657,13 @@ def _source_event(url: str, goal: str, outcome: _Outcome) -> dict:
         "redirects": list(page.redirects),
         "goal": goal,
         "summary": outcome.summary,
+        "kept": _kept_note(page),
     }
     return {
         "type": "source",
         "data": {
             "source": {"name": title, "url": url},
-            "document": [outcome.evidence],
+            "document": [card],
             "metadata": [meta],
         },
     }
@@ -2598,6 +2846,8 @@ async def _visit_one(url: str, ctx: "_CallContext") -> _Outcome:
         async with ctx.semaphore, asyncio.timeout(ctx.valves.URL_TIMEOUT_SECONDS):
             await _emit(ctx.emitter, _status(f"Reading: {url}"))
             page = await _get_page(url, ctx)
+            if kept := _kept_note(page):
+                await _emit(ctx.emitter, _status(f"Reading {url}: {kept}"))
             outcome = await _extract(page, ctx.goal, ctx.valves)
         if outcome.kind == "excerpt":
             await _emit(ctx.emitter, _status(_fallback_status(url, outcome)))

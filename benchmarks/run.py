@@ -24,6 +24,7 @@ from . import (
     hostile,
     loop_lag,
     openai_sdk,
+    page_reading,
     rounds,
     streaming,
     token_estimate,
@@ -41,6 +42,7 @@ BENCHMARKS: dict[str, tuple[str, Benchmark]] = {
     "openai-sdk": ("6. Research stream: SSE client vs openai SDK", openai_sdk.run),
     "hostile": ("7. Worst event-loop stall over hostile pages", hostile.run),
     "token-estimate": ("8. Token estimate vs Qwen's tokenizer", token_estimate.run),
+    "page-reading": ("9. Page reading: main content vs whole page", page_reading.run),
 }
 #: Upper bound per benchmark, so a hang ends the run instead of CI's job.
 TIME_LIMIT_SECONDS = {False: 600.0, True: 120.0}

@@ -126,7 +126,10 @@ async def test_search_visit_answer_with_real_tools():
     # The page read became source 1 and the answer cites it.
     sources = [e for e in events if e["type"] == "source"]
     assert [s["data"]["metadata"][0]["source"] for s in sources] == [article]
-    assert sources[0]["data"]["document"] == [EVIDENCE["evidence"]]
+    # The card: the evidence, and how much of the page the extractor read (the
+    # fixture is all article, so the whole page).
+    (card,) = sources[0]["data"]["document"]
+    assert card.startswith(f"{EVIDENCE['evidence']}\n\n[Read: whole page, ")
     assert f"([notes]({article}) [1])." in text
     searched = [
         e

@@ -359,4 +359,6 @@ async def test_valves_are_read_at_call_time_and_key_never_leaks(fake: Any) -> No
     assert KEY not in result
     assert KEY not in json.dumps(events)
     sources = [e for e in events if e["type"] == "source"]
-    assert sources[0]["data"]["document"] == ["Plain facts: water boils at 100 C."]
+    assert sources[0]["data"]["document"] == [
+        "Plain facts: water boils at 100 C.\n\n[Read: whole document, 34 characters]"
+    ]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.openai_server import FakeOpenAI, Reply
-from tests.fakes.pages import VISIT_TOOL_PATH, PageSite, load_visit_tool
+from tests.fakes.pages import ARTICLE_HTML, VISIT_TOOL_PATH, PageSite, load_visit_tool
 
 vt = load_visit_tool("visit_tool_format_tests")
 
@@ -187,13 +187,17 @@ async def test_events_status_source_and_failure(site: Any, extractor: Any) -> No
         "done": False,
     } in statuses
     assert statuses[-1] == {"description": "Read 1 of 2 page(s)", "done": True}
+    # The fixture is all article: it is read whole (main content saves nothing).
+    whole = vt._html_to_text(ARTICLE_HTML, site.url("/article"), 10**6)[0]
+    kept = f"whole page, {len(whole):,} characters"
+    assert {"description": f"Reading {good}: {kept}", "done": False} in statuses
     sources = [e for e in events if e["type"] == "source"]
     assert sources == [
         {
             "type": "source",
             "data": {
                 "source": {"name": "Solar Panels & Efficiency", "url": good},
-                "document": ["Water boils at 100 C."],
+                "document": [f"Water boils at 100 C.\n\n[Read: {kept}]"],
                 "metadata": [
                     {
                         "source": good,
@@ -203,6 +207,7 @@ async def test_events_status_source_and_failure(site: Any, extractor: Any) -> No
                         "redirects": [site.url("/article")],
                         "goal": "G",
                         "summary": "Boiling point.",
+                        "kept": kept,
                     }
                 ],
             },

@@ -32,6 +32,7 @@ import pytest
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.pages import (
     ARTICLE_HTML,
+    NEWS_HTML,
     PNG_BYTES,
     VISIT_TOOL_PATH,
     PageSite,
@@ -73,6 +74,9 @@ DOCUMENTS = {
         "https://s.example/t", b"<p>partial page</p>", "text/html", truncated=True
     ),
     "plain text": vt._RawPage("https://s.example/t", "naïve ✓".encode(), "text/plain"),
+    "news, main content": vt._RawPage(
+        "https://news.example/2026/tidal", NEWS_HTML.encode(), "text/html"
+    ),
 }
 
 needs_proc = pytest.mark.skipif(
@@ -416,9 +420,9 @@ def test_the_conversion_never_runs_on_the_event_loop_thread(
     threads: list[threading.Thread] = []
     original = vt._convert
 
-    def spy(*args: Any) -> Any:
+    def spy(*args: Any, **kwargs: Any) -> Any:
         threads.append(threading.current_thread())
-        return original(*args)
+        return original(*args, **kwargs)
 
     monkeypatch.setattr(vt, "_convert", spy)
     asyncio.run(vt._convert_page(DOCUMENTS["pdf"], 2000))

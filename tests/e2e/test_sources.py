@@ -63,8 +63,13 @@ async def test_citations_index_the_pages_that_were_read(
     urls = [s["metadata"][0]["source"] for s in sources]
     assert sorted(urls) == sorted([html_url, pdf_url]), owui.visit_setup_problem
     evidence = {s["metadata"][0]["source"]: s["document"] for s in sources}
-    assert evidence[html_url] == ["Quoted evidence from the html page."]
-    assert evidence[pdf_url] == ["Quoted evidence from the pdf page."]
+    # Each card also says how much of the page was read.
+    (html_card,) = evidence[html_url]
+    (pdf_card,) = evidence[pdf_url]
+    assert html_card.startswith("Quoted evidence from the html page.\n\n[Read: ")
+    assert pdf_card.startswith(
+        "Quoted evidence from the pdf page.\n\n[Read: whole document, "
+    )
     assert len({s["source"]["name"] for s in sources}) == 2  # unique labels
     html_n, pdf_n = urls.index(html_url) + 1, urls.index(pdf_url) + 1
 
