@@ -2881,11 +2881,49 @@ async def _get_page(url: str, ctx: "_CallContext") -> _Page:
     cached = _PAGE_CACHE.get(key, valves.CACHE_TTL_SECONDS) if use_cache else None
     if cached is not None:
         return cached
+    if not use_cache:
+        async with asyncio.timeout_at(deadline):
+            return await _load(target, ctx)
     async with asyncio.timeout_at(deadline):
+        return await _load_once(key, target, ctx)
+
+
+# Pages being loaded, by cache key: a second read of the same page in the same
+# chat (a heavy run's rollouts often read the same pages at the same time)
+# waits for the first instead of fetching it again.
+_LOADING: dict[tuple[str, str], "asyncio.Future[_Page]"] = {}
+
+
+async def _load_once(
+    key: tuple[str, str], target: _Target, ctx: "_CallContext"
+) -> _Page:
+    """`_load`, once per page and chat at a time; the page is cached."""
+    loading = _LOADING.get(key)
+    if loading is not None and loading.get_loop() is asyncio.get_running_loop():
+        try:
+            return await asyncio.shield(loading)
+        except asyncio.CancelledError:
+            if not loading.cancelled():
+                raise  # this read itself was cancelled
+            # The first reader was stopped (its chat's run was): read it here.
+    future: asyncio.Future[_Page] = asyncio.get_running_loop().create_future()
+    _LOADING[key] = future
+    try:
         page = await _load(target, ctx)
-    if use_cache:
+    except BaseException as exc:
+        if isinstance(exc, asyncio.CancelledError):
+            future.cancel()
+        else:
+            future.set_exception(exc)
+            future.exception()  # retrieved: no warning when nobody waits
+        raise
+    else:
+        future.set_result(page)
         _PAGE_CACHE.put(key, page)
-    return page
+        return page
+    finally:
+        if _LOADING.get(key) is future:
+            del _LOADING[key]
 
 
 async def _load(target: _Target, ctx: "_CallContext") -> _Page:

@@ -77,15 +77,24 @@ class Transcript:
         )
 
 
-async def drive(pipe: Pipe, question: str, chat_id: str) -> Transcript:
-    """One chat turn through ``pipe.pipe`` (streamed, with an event emitter)."""
+async def drive(
+    pipe: Pipe, question: str, chat_id: str, model: str = "tongyi-deepresearch"
+) -> Transcript:
+    """One chat turn through ``pipe.pipe`` (streamed, with an event emitter).
+
+    `model` is the pipe's model the chat picked (the heavy one, say).
+    """
     transcript = Transcript()
     started = time.perf_counter()
 
     async def emitter(event: dict[str, Any]) -> None:
         transcript.events.append((time.perf_counter() - started, event))
 
-    body = {"messages": [{"role": "user", "content": question}], "stream": True}
+    body = {
+        "model": f"tongyi_deepresearch.{model}",
+        "messages": [{"role": "user", "content": question}],
+        "stream": True,
+    }
     async for chunk in pipe.pipe(
         body,
         __user__={"id": f"user-{chat_id}", "role": "user", "name": "Bench"},

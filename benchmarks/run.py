@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from . import (
     concurrency,
     fanout,
+    heavy,
     hostile,
     loop_lag,
     openai_sdk,
@@ -43,6 +44,7 @@ BENCHMARKS: dict[str, tuple[str, Benchmark]] = {
     "hostile": ("7. Worst event-loop stall over hostile pages", hostile.run),
     "token-estimate": ("8. Token estimate vs Qwen's tokenizer", token_estimate.run),
     "page-reading": ("9. Page reading: main content vs whole page", page_reading.run),
+    "heavy": ("10. Heavy run vs one rollout", heavy.run),
 }
 #: Upper bound per benchmark, so a hang ends the run instead of CI's job.
 TIME_LIMIT_SECONDS = {False: 600.0, True: 120.0}

@@ -36,6 +36,8 @@ from typing import Any
 from tests.fakes.http import LocalServer, Request, Response
 from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
 
+from tongyi_deepresearch_openwebui_pipeline.core.prompts import SYNTHESIS_SYSTEM
+
 from .documents import big_html, big_pdf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,6 +137,12 @@ class BenchModel(FakeOpenAI):
         first = str(messages[0].get("content", "")) if messages else ""
         if not body.get("stream") and first.startswith(_EXTRACTOR_PROMPT_START):
             return self._extraction(first)
+        if first.startswith(SYNTHESIS_SYSTEM):  # a heavy run's synthesis
+            tokens = sorted(set(_TOKEN.findall(str(messages[-1].get("content")))))
+            text = f"The answer for {' '.join(tokens)} is ready."
+            return Reply(
+                content=answer(text), chunk_size=4, delay=self.config.chunk_delay
+            )
         kind, params = _directive(body)
         if kind == "rounds":
             return rounds_reply(_rounds_done(body), int(params["n"]))
@@ -216,7 +224,12 @@ def pages_server(config: Config) -> LocalServer:
             200, {"Content-Type": content_type}, config.documents[name]
         )
 
+    def hits(_request: Request) -> Response:
+        paths = [request.path for request in server.requests]
+        return Response.json({path: paths.count(path) for path in set(paths)})
+
     server.routes["/page/"] = page
+    server.routes["/hits"] = hits
     server.routes["/big.html"] = document("text/html; charset=utf-8", "html")
     server.routes["/big.pdf"] = document("application/pdf", "pdf")
     return server

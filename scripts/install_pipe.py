@@ -36,6 +36,7 @@ from typing import Any
 FUNCTION_ID = "tongyi_deepresearch"
 FUNCTION_NAME = "Tongyi DeepResearch"
 PIPE_MODEL_ID = f"{FUNCTION_ID}.tongyi-deepresearch"
+HEAVY_MODEL_ID = f"{FUNCTION_ID}.tongyi-deepresearch-heavy"
 ROOT = Path(__file__).resolve().parent.parent
 PIPE_FILE = ROOT / "tongyi_deepresearch_pipe.py"
 

@@ -34,6 +34,8 @@ FIGURES = (
     "SDK stream throughput",
     "SDK time to first token",
     "worst event-loop stall",
+    "heavy run, 3 rollouts + synthesis",
+    "page fetches when 3 rollouts read it",
 )
 
 
@@ -84,7 +86,7 @@ def test_quick_run_prints_every_figure_with_its_baseline(quick_run):
 def test_quick_run_reports_the_machine_and_each_benchmark(quick_run):
     out = quick_run.stdout
     assert re.search(r"\d+ cores, load average [\d.]+", out)
-    assert out.count("\n## ") == 9
+    assert out.count("\n## ") == 10
     assert "max loop lag" in out and "idle loop" in out
     assert "5 one-query calls in a row" in out
 

@@ -105,9 +105,13 @@ async def drive(
     pipe: Pipe,
     messages: list[dict[str, Any]],
     gates: tuple[StreamGate, ...] = (),
+    body_model: str | None = None,
     **kwargs: Any,
 ):
-    """Consume one chat; each of `gates` observes the output as it arrives."""
+    """Consume one chat; each of `gates` observes the output as it arrives.
+
+    `body_model` is the model the chat picked, as Open WebUI names it.
+    """
     events: list[dict[str, Any]] = []
 
     async def emitter(event: dict[str, Any]) -> None:
@@ -121,7 +125,10 @@ async def drive(
     }
     params.update(kwargs)
     chunks: list[str] = []
-    async for chunk in pipe.pipe({"messages": messages, "stream": True}, **params):
+    body: dict[str, Any] = {"messages": messages, "stream": True}
+    if body_model is not None:
+        body["model"] = body_model
+    async for chunk in pipe.pipe(body, **params):
         chunks.append(chunk)
         for gate in gates:
             gate.observe("".join(chunks))
@@ -421,10 +428,11 @@ async def test_cancelling_a_chat_leaves_no_task_or_connection():
         assert gate.released_by == "client left"
 
 
-async def test_pipes_lists_one_model_cheaply():
+async def test_pipes_lists_its_models_cheaply():
     pipe = Pipe()
     assert pipe.pipes() == [
-        {"id": "tongyi-deepresearch", "name": "Tongyi DeepResearch"}
+        {"id": "tongyi-deepresearch", "name": "Tongyi DeepResearch"},
+        {"id": "tongyi-deepresearch-heavy", "name": "Tongyi DeepResearch Heavy"},
     ]
 
 

@@ -313,6 +313,50 @@ async def test_same_chat_reads_a_page_once_other_chats_read_again(
     assert site.hits("/count/cache") == 4
 
 
+async def test_a_page_read_twice_at_once_in_a_chat_is_fetched_once(
+    site: Any, extractor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A heavy run's rollouts read the same page at the same time: the second
+    # read waits for the first. Handshakes, no clock: the first load is held
+    # until the second read has found it in flight.
+    loads: list[str] = []
+    release = asyncio.Event()
+    original = vt._load
+
+    async def held_load(target: Any, ctx: Any) -> Any:
+        loads.append(target.url)
+        await release.wait()
+        return await original(target, ctx)
+
+    looked_up: list[Any] = []
+
+    class Recording(dict):
+        def get(self, key: Any, default: Any = None) -> Any:
+            looked_up.append(key)
+            return super().get(key, default)
+
+    monkeypatch.setattr(vt, "_load", held_load)
+    monkeypatch.setattr(vt, "_LOADING", Recording())
+    tool = make_tool(extractor)
+    url = site.url("/count/together")
+    first = asyncio.create_task(tool.visit(url=url, goal="a", __chat_id__="chat-H"))
+    for _ in range(1500):
+        if loads:
+            break
+        await asyncio.sleep(0.02)
+    second = asyncio.create_task(tool.visit(url=url, goal="b", __chat_id__="chat-H"))
+    for _ in range(1500):
+        if len(looked_up) == 2:
+            break
+        await asyncio.sleep(0.02)
+    assert len(looked_up) == 2 and len(vt._LOADING) == 1  # found in flight
+    release.set()
+    results = await asyncio.gather(first, second)
+    assert loads == [url] and site.hits("/count/together") == 1
+    assert all("Counted page /count/together content." in r for r in results)
+    assert vt._LOADING == {}
+
+
 async def test_cache_can_be_switched_off(site: Any, extractor: Any) -> None:
     tool = make_tool(extractor, CACHE_TTL_SECONDS=0)
     for _ in range(2):

@@ -44,6 +44,7 @@ import httpx
 import socketio
 
 from tests.fakes.openai_server import FakeOpenAI, Reply
+from tongyi_deepresearch_openwebui_pipeline.core.prompts import SYNTHESIS_SYSTEM
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / ".e2e-artifacts"
@@ -73,6 +74,7 @@ def _load_installer() -> ModuleType:
 
 installer = _load_installer()
 PIPE_MODEL_ID: str = installer.PIPE_MODEL_ID
+HEAVY_MODEL_ID: str = installer.HEAVY_MODEL_ID
 FUNCTION_ID: str = installer.FUNCTION_ID
 
 
@@ -722,7 +724,48 @@ class ScriptedModel:
         self.conversations: dict[str, list[Reply]] = {}
         self.extractor: Extractor | None = None
         self._first_turns: threading.Barrier | None = None
+        # Heavy runs: per key, each rollout's turns and the synthesis reply.
+        self.heavy: dict[str, tuple[list[list[Reply]], Reply]] = {}
+        self.synthesis_bodies: list[dict[str, Any]] = []
+        self._rollouts_started: dict[str, int] = {}
+        self._lock = threading.Lock()
         fake.respond_with(self)
+
+    def heavy_conversation(
+        self, key: str, rollouts: list[list[Reply]], synthesis: Reply
+    ) -> None:
+        """Script a heavy run: each rollout's turns, then the synthesis.
+
+        Rollouts send the same first request; they get ``rollouts`` in the
+        order they arrive, and later turns go to the rollout whose first reply
+        is in their history. The synthesis is told apart by its system message.
+        """
+        self.heavy[key] = (rollouts, synthesis)
+        self.conversations[key] = []  # so that key_of finds it
+        self._rollouts_started[key] = 0
+
+    def _heavy_reply(self, key: str, body: dict[str, Any]) -> Reply:
+        rollouts, synthesis = self.heavy[key]
+        messages = body.get("messages") or []
+        if str(messages[0].get("content", "")).startswith(SYNTHESIS_SYSTEM):
+            self.synthesis_bodies.append(body)
+            return synthesis
+        turn = turn_of(body)
+        if turn == 0:
+            with self._lock:
+                index = self._rollouts_started[key]
+                self._rollouts_started[key] += 1
+            if self._first_turns is not None:
+                try:
+                    self._first_turns.wait()
+                except threading.BrokenBarrierError:
+                    return Reply(status=503, error="the other rollouts never arrived")
+            return rollouts[index % len(rollouts)][0]
+        first = next(m for m in messages if m.get("role") == "assistant")
+        for replies in rollouts:
+            if replies[0].content.strip() in str(first.get("content")):
+                return replies[min(turn, len(replies) - 1)]
+        return Reply(status=500, error="no rollout scripted for this history")
 
     def conversation(self, key: str, *replies: Reply) -> None:
         """Script the turns of the conversation whose question contains ``key``."""
@@ -769,6 +812,8 @@ class ScriptedModel:
         key = self.key_of(body)
         if key is None:
             return Reply(status=500, error="no conversation scripted for this question")
+        if key in self.heavy:
+            return self._heavy_reply(key, body)
         turn = turn_of(body)
         if turn == 0 and self._first_turns is not None:
             try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -75,6 +76,43 @@ async def page() -> AsyncIterator[Page]:
             await browser.close()
 
 
+async def sign_in_and_ask(
+    page: Page, owui: OwuiSession, model_name: str, question: str
+) -> None:
+    """Sign in as the admin, pick `model_name` and send `question`."""
+    await page.goto(f"{owui.base_url}/auth")
+    await page.fill("#email", ADMIN_EMAIL)
+    await page.fill("#password", ADMIN_PASSWORD)
+    await page.get_by_role("button", name="Sign in").click()
+    # 0.11+: "Selected model: …"; 0.6: "Select a model" showing the name.
+    selector = (
+        page.get_by_role("button", name=f"Selected model: {MODEL_NAME}")
+        .or_(page.locator("#model-selector-0-button", has_text=MODEL_NAME))
+        .first
+    )
+    await selector.wait_for(timeout=60_000)
+    # The "What's New" dialog (0.6 shows it a moment after the page).
+    with contextlib.suppress(PlaywrightTimeout):
+        await page.get_by_role("button", name="Okay, Let's Go!").click(timeout=5_000)
+
+    # Pick the model and ask.
+    await selector.click()
+    await (
+        page.get_by_role("option", name=f"Select {model_name} model", exact=True)
+        .or_(page.get_by_role("button", name=model_name, exact=True))  # 0.6
+        .first.click()
+    )
+    # 0.6 keeps its model menu open after a pick; typing would go to its
+    # search box.
+    menu = page.get_by_role("menu")
+    if await menu.is_visible():
+        await page.keyboard.press("Escape")
+        await menu.wait_for(state="hidden")
+    await page.locator("#chat-input").click()
+    await page.keyboard.type(question)
+    await page.keyboard.press("Enter")
+
+
 async def test_user_sees_reasoning_tool_card_and_answer(
     page: Page, owui: OwuiSession, model: ScriptedModel, search: FakeSearXNG
 ) -> None:
@@ -92,40 +130,7 @@ async def test_user_sees_reasoning_tool_card_and_answer(
     )
 
     try:
-        # Sign in.
-        await page.goto(f"{owui.base_url}/auth")
-        await page.fill("#email", ADMIN_EMAIL)
-        await page.fill("#password", ADMIN_PASSWORD)
-        await page.get_by_role("button", name="Sign in").click()
-        # 0.11+: "Selected model: …"; 0.6: "Select a model" showing the name.
-        selector = (
-            page.get_by_role("button", name="Selected model: Tongyi DeepResearch")
-            .or_(page.locator("#model-selector-0-button", has_text=MODEL_NAME))
-            .first
-        )
-        await selector.wait_for(timeout=60_000)
-        # The "What's New" dialog (0.6 shows it a moment after the page).
-        with contextlib.suppress(PlaywrightTimeout):
-            await page.get_by_role("button", name="Okay, Let's Go!").click(
-                timeout=5_000
-            )
-
-        # Pick the model and ask.
-        await selector.click()
-        await (
-            page.get_by_role("option", name=f"Select {MODEL_NAME} model")
-            .or_(page.get_by_role("button", name=MODEL_NAME, exact=True))  # 0.6
-            .first.click()
-        )
-        # 0.6 keeps its model menu open after a pick; typing would go to its
-        # search box.
-        menu = page.get_by_role("menu")
-        if await menu.is_visible():
-            await page.keyboard.press("Escape")
-            await menu.wait_for(state="hidden")
-        await page.locator("#chat-input").click()
-        await page.keyboard.type(QUESTION)
-        await page.keyboard.press("Enter")
+        await sign_in_and_ask(page, owui, MODEL_NAME, QUESTION)
 
         # The answer, a reasoning block and the tool card appear.
         await page.get_by_text(ANSWER).wait_for(timeout=90_000)
@@ -152,3 +157,64 @@ async def test_user_sees_reasoning_tool_card_and_answer(
         )
     assert SCREENSHOT.stat().st_size > 10_000
     assert len(model.bodies("wind turbines")) == 2
+
+
+HEAVY_QUESTION = "Which blade material lasts longest offshore?"
+HEAVY_ANSWER = (
+    "Carbon-glass hybrid blades last longest offshore, by every run's sources."
+)
+HEAVY_SCREENSHOT = ARTIFACTS / "browser-heavy.png"
+
+
+async def test_user_sees_a_heavy_run_rollouts_and_synthesis(
+    page: Page, owui: OwuiSession, model: ScriptedModel, search: FakeSearXNG
+) -> None:
+    search.script(
+        "offshore blade material",
+        results=[result("https://example.org/blades", "Blade study", SNIPPET)],
+    )
+
+    def rollout(k: int) -> list[Reply]:
+        return [
+            Reply(
+                reasoning=f"Rollout {k}: search for blade materials.",
+                content=tool_call("search", {"query": ["offshore blade material"]}),
+            ),
+            Reply(
+                reasoning=f"Rollout {k} has enough.",
+                content=answer(f"Run {k}: carbon-glass hybrids last longest."),
+            ),
+        ]
+
+    model.heavy_conversation(
+        "blade material",
+        [rollout(1), rollout(2), rollout(3)],
+        Reply(reasoning="All three runs agree.", content=answer(HEAVY_ANSWER)),
+    )
+    try:
+        await sign_in_and_ask(page, owui, f"{MODEL_NAME} Heavy", HEAVY_QUESTION)
+        await page.get_by_text(HEAVY_ANSWER).wait_for(timeout=120_000)
+        explored = page.get_by_text("Explored", exact=True)
+        if await explored.count():
+            await explored.first.click()
+        blocks = page.get_by_text(re.compile(r"Rollout \d of 3 · 2 rounds"))
+        await blocks.first.wait_for()
+        assert await blocks.count() == 3
+        # Opening a rollout shows its own answer and tool card.
+        await page.get_by_text("Rollout 1 of 3 · 2 rounds").click()
+        own = page.get_by_text(re.compile(r"Run \d: carbon-glass hybrids"))
+        await own.filter(visible=True).first.wait_for()
+        # The block's opening animation has ended: the screenshot shows it all
+        # (looping ones, such as a spinner, never do).
+        await page.wait_for_function(
+            "() => document.getAnimations().every(a => a.playState !== 'running'"
+            " || a.effect?.getComputedTiming().iterations === Infinity)"
+        )
+    finally:
+        ARTIFACTS.mkdir(exist_ok=True)
+        await page.screenshot(path=str(HEAVY_SCREENSHOT), full_page=True)
+        (ARTIFACTS / "browser-heavy.html").write_text(
+            await page.content(), encoding="utf-8"
+        )
+    assert HEAVY_SCREENSHOT.stat().st_size > 10_000
+    assert len(model.synthesis_bodies) == 1

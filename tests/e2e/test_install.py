@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from .conftest import OwuiSession, pipe_valves
-from .owui import FUNCTION_ID, PIPE_FILE, PIPE_MODEL_ID, TOOL_IDS, installer
+from .owui import (
+    FUNCTION_ID,
+    HEAVY_MODEL_ID,
+    PIPE_FILE,
+    PIPE_MODEL_ID,
+    TOOL_IDS,
+    installer,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -29,8 +36,9 @@ def test_the_pipe_model_is_listed(owui: OwuiSession) -> None:
     entry = models[PIPE_MODEL_ID]
     assert entry["name"] == "Tongyi DeepResearch"
     assert entry["pipe"]["type"] == "pipe"
-    # Model providers are off in the hermetic server: the pipe is the only model.
-    assert list(models) == [PIPE_MODEL_ID]
+    assert models[HEAVY_MODEL_ID]["name"] == "Tongyi DeepResearch Heavy"
+    # Model providers are off in the hermetic server: the pipe's are the only models.
+    assert sorted(models) == sorted([PIPE_MODEL_ID, HEAVY_MODEL_ID])
 
 
 def test_the_function_is_the_release_asset_unchanged(owui: OwuiSession) -> None:

@@ -224,15 +224,53 @@ class RunStats:
 
 
 @dataclass(frozen=True)
+class RolloutSummary:
+    """How one rollout of a heavy run went (for the research summary)."""
+
+    rollout: int
+    reason: Termination
+    stats: RunStats
+    answered: bool
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class RunFinished:
-    """The run is over: the answer (if any), why it ended, and its figures."""
+    """The run is over: the answer (if any), why it ended, and its figures.
+
+    A heavy run's `stats` are its totals (rollouts and synthesis) and
+    `rollouts` holds each rollout's own figures; empty for a single run.
+    """
 
     reason: Termination
     answer: str
     stats: RunStats
     error: str = ""
     answer_marked: bool = True
+    rollouts: tuple[RolloutSummary, ...] = ()
     kind: str = "finished"
+
+
+# -- what a heavy run adds --
+
+
+@dataclass(frozen=True)
+class RolloutEvent:
+    """An event of rollout `rollout` (1-based) of `rollouts` in a heavy run."""
+
+    rollout: int
+    rollouts: int
+    event: Event
+    kind: str = "rollout"
+
+
+@dataclass(frozen=True)
+class SynthesisStarted:
+    """The rollouts are over; one call integrates the `reports` that answered."""
+
+    reports: int
+    rollouts: int
+    kind: str = "synthesis_started"
 
 
 Event = (
@@ -247,6 +285,9 @@ Event = (
     | ContextWarning
     | RunFinished
 )
+#: What a run of either kind yields: a heavy run adds its rollouts' events and
+#: the start of its synthesis to the events of a single run.
+RunEvent = Event | RolloutEvent | SynthesisStarted
 
 
 @dataclass

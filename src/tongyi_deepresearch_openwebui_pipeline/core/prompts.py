@@ -139,3 +139,58 @@ def build_system_prompt(
     prompt = _HEAD + lines + _TAIL + format_date(today)
     preamble = preamble.strip()
     return f"{preamble}\n\n{prompt}" if preamble else prompt
+
+
+# -- Heavy mode: the synthesis of several rollouts --
+#
+# The lab has not published the prompts of its Heavy mode (nor trained the
+# model on one), so these are this project's own, written for the research
+# model as its own aggregator (the approach of ParallelMuse, arXiv 2510.24698).
+# Each rollout's report is built from what the run produced, without another
+# model call: its answer, and the evidence the visit tool extracted from each
+# page it read, numbered as the sources of the whole run.
+
+#: The system message of the synthesis call.
+SYNTHESIS_SYSTEM = (
+    "You are a deep research assistant. You combine the findings of several "
+    "independent research runs on one question into a single, well-supported "
+    "answer. Current date: "
+)
+
+#: The synthesis request: `{count}` reports on `{question}` follow it.
+SYNTHESIS_REQUEST = (
+    "{count} researchers worked on the question below independently: each "
+    "searched the web, read pages and wrote an answer. Their reports follow, "
+    "each with its answer and the evidence taken from the pages it read, "
+    "numbered as sources [n].\n"
+    "\n"
+    "Write the final answer to the question from these reports:\n"
+    "- Rely on the evidence. A claim that several reports support, or that "
+    "rests on quoted evidence, outweighs one that does not; where reports "
+    "disagree, weigh their evidence and say which answer is better supported "
+    "and why.\n"
+    "- Use only what the reports contain; do not invent facts or sources.\n"
+    "- Cite the pages you rely on as Markdown links to their URLs, e.g. "
+    "[title](https://example.org/page).\n"
+    "- Answer in the language of the question.\n"
+    "\n"
+    "Think it through, then give the complete final answer inside "
+    "<answer></answer> tags.\n"
+    "\n"
+    "# Question\n"
+    "\n"
+    "{question}\n"
+    "\n"
+    "{reports}"
+)
+
+#: One rollout's report inside the synthesis request.
+SYNTHESIS_REPORT = "# Report {number} ({ending})\n\n## Answer\n\n{answer}\n\n{evidence}"
+
+#: One source's evidence inside a report.
+SYNTHESIS_SOURCE = "[{number}] {title} ({url})\n{evidence}"
+
+
+def build_synthesis_system(today: dt.date) -> str:
+    """The synthesis call's system message, with today's date."""
+    return SYNTHESIS_SYSTEM + format_date(today)

@@ -65,6 +65,8 @@ class Source:
     evidence: str
     summary: str = ""
     aliases: set[str] = field(default_factory=set)
+    #: The heavy run's rollouts that read it (empty in a single run).
+    readers: set[int] = field(default_factory=set)
 
 
 class SourceLedger:
@@ -97,8 +99,17 @@ class SourceLedger:
         self._titles.add(candidate)
         return candidate
 
-    def add_read_page(self, data: dict[str, Any]) -> dict[str, Any] | None:
-        """Record a tool's source event; return the event to emit, if new."""
+    def read_by(self, reader: int) -> list[Source]:
+        """The sources rollout `reader` read, in citation order."""
+        return [source for source in self.sources if reader in source.readers]
+
+    def add_read_page(
+        self, data: dict[str, Any], reader: int = 0
+    ) -> dict[str, Any] | None:
+        """Record a tool's source event; return the event to emit, if new.
+
+        `reader` is the heavy run's rollout that read the page (0: none).
+        """
         source = data.get("source") or {}
         metadata = (data.get("metadata") or [{}])[0] or {}
         url = str(
@@ -120,6 +131,8 @@ class SourceLedger:
             # Read again (maybe for another goal): keep the richer evidence.
             if len(evidence) > len(known.evidence):
                 known.evidence = evidence
+            if reader:
+                known.readers.add(reader)
             for key in aliases:
                 self._by_key.setdefault(key, known)
             return None
@@ -133,11 +146,21 @@ class SourceLedger:
             evidence=evidence,
             summary=str(metadata.get("summary") or ""),
             aliases=aliases,
+            readers={reader} if reader else set(),
         )
         self.sources.append(entry)
         for key in aliases:
             self._by_key[key] = entry
         return source_event(entry)
+
+
+#: The note the visit tool ends a source card with ("[Read: main content, …]").
+_READ_NOTE = re.compile(r"\n\n\[Read: [^\]\n]*\]\Z")
+
+
+def evidence_text(source: Source) -> str:
+    """The evidence extracted from the page, without the card's reading note."""
+    return _READ_NOTE.sub("", source.evidence) or source.summary
 
 
 def source_event(source: Source) -> dict[str, Any]:

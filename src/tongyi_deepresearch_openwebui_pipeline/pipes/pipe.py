@@ -43,7 +43,7 @@ from ..adapters.openwebui.registry import (
     registry_tool_valves,
     schedule_auto_install,
 )
-from ..adapters.openwebui.render import ChatRenderer, Display
+from ..adapters.openwebui.render import ChatRenderer, Display, HeavyRenderer
 from ..adapters.openwebui.toolbox import (
     TOOL_MODULES,
     Handler,
@@ -53,7 +53,7 @@ from ..adapters.openwebui.toolbox import (
     ToolResolver,
 )
 from ..core.history import remove_injected_context, split_conversation
-from ..core.loop import Limits, ResearchLoop, RunState
+from ..core.loop import Limits, RunState
 from ..core.prompts import build_system_prompt
 from ..core.sources import SourceLedger
 from ..core.tasks import (
@@ -63,10 +63,14 @@ from ..core.tasks import (
     task_messages,
     task_reply,
 )
+from ..engine.runs import HeavyRun, HeavySettings, single_run
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "http://localhost:8000/v1"
+#: The models this pipe offers: one research run, or a heavy one.
+SINGLE_MODEL = {"id": "tongyi-deepresearch", "name": "Tongyi DeepResearch"}
+HEAVY_MODEL = {"id": "tongyi-deepresearch-heavy", "name": "Tongyi DeepResearch Heavy"}
 DEFAULT_MODEL = "Alibaba-NLP/Tongyi-DeepResearch-30B-A3B"
 
 # The model's tool name -> the pipe valve that enables it.
@@ -238,6 +242,29 @@ class Pipe:
                 "line."
             ),
         )
+        HEAVY_ENABLED: bool = Field(
+            default=True,
+            description=(
+                "Offer the 'Tongyi DeepResearch Heavy' model: several research "
+                "rollouts at once, then one synthesis of their findings."
+            ),
+        )
+        HEAVY_ROLLOUTS: int = Field(
+            default=3,
+            ge=2,
+            le=8,
+            description="Research rollouts of one heavy run.",
+        )
+        HEAVY_CONCURRENT_ROLLOUTS: int = Field(
+            default=3,
+            ge=1,
+            le=8,
+            description=(
+                "Rollouts running at once (vLLM and SGLang batch them; lower it for "
+                "a server that runs one request at a time, such as llama.cpp "
+                "without --parallel)."
+            ),
+        )
         AUTO_INSTALL_TOOLS: bool = Field(
             default=True,
             description=(
@@ -288,7 +315,9 @@ class Pipe:
                 for name, valve in _ENABLE_VALVES.items()
                 if getattr(self.valves, valve)
             )
-        return [{"id": "tongyi-deepresearch", "name": "Tongyi DeepResearch"}]
+        return (
+            [SINGLE_MODEL, HEAVY_MODEL] if self.valves.HEAVY_ENABLED else [SINGLE_MODEL]
+        )
 
     async def pipe(
         self,
@@ -409,15 +438,17 @@ class Pipe:
         show_thinking = valves.EMIT_THINKING and getattr(
             user_valves, "SHOW_THINKING", True
         )
-        renderer = ChatRenderer(
-            emit,
-            ledger,
-            Display(
-                thinking=bool(show_thinking) and _streamed(body),
-                tool_cards=valves.SHOW_TOOL_CARDS and _streamed(body),
-                summary=valves.SHOW_RESEARCH_SUMMARY and _streamed(body),
-                usage=valves.SHOW_COST_TRACKING,
-            ),
+        display = Display(
+            thinking=bool(show_thinking) and _streamed(body),
+            tool_cards=valves.SHOW_TOOL_CARDS and _streamed(body),
+            summary=valves.SHOW_RESEARCH_SUMMARY and _streamed(body),
+            usage=valves.SHOW_COST_TRACKING,
+        )
+        heavy = valves.HEAVY_ENABLED and _is_heavy(body)
+        renderer = (
+            HeavyRenderer(emit, ledger, display)
+            if heavy
+            else ChatRenderer(emit, ledger, display)
         )
         messages, files, web_urls = await _without_injected_context(
             body, request, metadata, files
@@ -449,7 +480,12 @@ class Pipe:
             messages=[{"role": "system", "content": system}, *turns],
             started=time.monotonic(),
         )
-        await emit.status("Starting research…")
+        rollouts = valves.HEAVY_ROLLOUTS
+        await emit.status(
+            f"Starting heavy research: {rollouts} rollouts…"
+            if heavy
+            else "Starting research…"
+        )
         settings = _model_settings(valves, api_key)
         async with httpx.AsyncClient(
             verify=await shared_ssl_context(),
@@ -464,8 +500,26 @@ class Pipe:
                 max_output_tokens=valves.MAX_TOKENS,
             )
             model = OpenAIModelClient(settings, http)
-            loop = ResearchLoop(state, model, toolbox, limits)
-            async for event in loop.run():
+            if heavy:
+
+                def tools_for(rollout: int) -> Toolbox:
+                    prefix = f"Rollout {rollout}/{rollouts} · "
+                    return toolbox.with_emitter(
+                        EventRelay(emit, ledger, reader=rollout, status_prefix=prefix)
+                    )
+
+                events = HeavyRun(
+                    state.messages,
+                    model,
+                    tools_for,
+                    ledger,
+                    limits,
+                    HeavySettings(rollouts, valves.HEAVY_CONCURRENT_ROLLOUTS),
+                    _today(metadata),
+                ).run()
+            else:
+                events = single_run(state, model, toolbox, limits)
+            async for event in events:
                 text = await renderer.render(event)
                 if text:
                     yield text
@@ -543,6 +597,11 @@ def _model_settings(valves: Pipe.Valves, api_key: str) -> ModelSettings:
         timeout_seconds=valves.REQUEST_TIMEOUT_SECONDS,
         max_attempts=valves.MAX_RETRIES,
     )
+
+
+def _is_heavy(body: dict[str, Any]) -> bool:
+    """Whether the chat picked the heavy model ("<function id>.<model id>")."""
+    return str(body.get("model") or "").endswith(HEAVY_MODEL["id"])
 
 
 def _streamed(body: dict[str, Any]) -> bool:

@@ -72,17 +72,30 @@ class SafeEmitter:
 class EventRelay:
     """The ``__event_emitter__`` the pipe gives to tools."""
 
-    def __init__(self, emit: SafeEmitter, ledger: SourceLedger) -> None:
-        """Forward to ``emit``; record sources into ``ledger``."""
+    def __init__(
+        self,
+        emit: SafeEmitter,
+        ledger: SourceLedger,
+        reader: int = 0,
+        status_prefix: str = "",
+    ) -> None:
+        """Forward to ``emit``; record sources into ``ledger``.
+
+        In a heavy run each rollout has its own relay: ``reader`` is the
+        rollout (recorded with the pages it reads) and ``status_prefix`` names
+        it in the tools' status lines.
+        """
         self._emit = emit
         self._ledger = ledger
+        self._reader = reader
+        self._prefix = status_prefix
 
     async def __call__(self, event: dict[str, Any]) -> None:
         """Receive one event from a tool."""
         kind = event.get("type")
         data = event.get("data") or {}
         if kind in ("source", "citation") and isinstance(data, dict):
-            source_event = self._ledger.add_read_page(data)
+            source_event = self._ledger.add_read_page(data, self._reader)
             if source_event is not None:
                 await self._emit(source_event)
             return
@@ -92,6 +105,8 @@ class EventRelay:
                 **data,
                 "done": bool(data.get("action")) and data.get("done", False),
             }
+            if self._prefix and isinstance(data.get("description"), str):
+                data["description"] = self._prefix + data["description"]
             await self._emit({"type": "status", "data": data})
             return
         await self._emit(event)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import html
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
@@ -36,9 +36,13 @@ from ...core.events import (
     ContextWarning,
     Event,
     ModelRetrying,
+    RolloutEvent,
+    RolloutSummary,
     RoundStarted,
+    RunEvent,
     RunFinished,
     RunStats,
+    SynthesisStarted,
     ThinkingDelta,
     ToolCallFinished,
     ToolCallStarted,
@@ -144,9 +148,36 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 
-def summary_block(stats: RunStats, reason: str, ledger: SourceLedger) -> str:
-    """The collapsible research summary shown under the answer."""
-    lines = [
+def _rollout_line(rollout: RolloutSummary) -> str:
+    stats = rollout.stats
+    ending = rollout.error or TERMINATION_TEXT.get(rollout.reason, rollout.reason)
+    return (
+        f"  - Rollout {rollout.rollout}: {stats.rounds} rounds, "
+        f"{stats.searches} searches, "
+        f"{_tokens(stats.prompt_tokens, stats.completion_tokens, stats.cost)}; "
+        f"{ending}"
+    )
+
+
+def summary_block(
+    stats: RunStats,
+    reason: str,
+    ledger: SourceLedger,
+    rollouts: tuple[RolloutSummary, ...] = (),
+) -> str:
+    """The collapsible research summary shown under the answer.
+
+    A heavy run's figures are its totals, followed by each rollout's own.
+    """
+    lines = []
+    if rollouts:
+        answered = sum(rollout.answered for rollout in rollouts)
+        lines.append(
+            f"- Rollouts: {len(rollouts)} ({answered} answered, synthesised into "
+            "this answer)"
+        )
+        lines.extend(_rollout_line(rollout) for rollout in rollouts)
+    lines += [
         f"- Rounds: {stats.rounds}",
         f"- Searches: {stats.searches}",
         f"- Pages read: {ledger.reads} of {stats.pages_requested} requested "
@@ -178,12 +209,25 @@ class ChatRenderer:
     """Turns events into yielded text and emitted events for one chat."""
 
     def __init__(
-        self, emit: SafeEmitter, ledger: SourceLedger, display: Display
+        self,
+        emit: SafeEmitter,
+        ledger: SourceLedger,
+        display: Display,
+        *,
+        status_prefix: str = "",
+        nested: bool = False,
     ) -> None:
-        """Render into ``emit``, citing from ``ledger``."""
+        """Render into ``emit``, citing from ``ledger``.
+
+        A ``nested`` renderer shows one rollout of a heavy run: its end is
+        the rollout's answer alone (no sources list, summary or final status),
+        and its tool cards' ids start with ``status_prefix``'s rollout.
+        """
         self.emit = emit
         self.ledger = ledger
         self.display = display
+        self.status_prefix = status_prefix
+        self.nested = nested
         self._in_think = False
         self._answer_started = False
         self._rewriter = CitationRewriter(ledger)
@@ -241,13 +285,15 @@ class ChatRenderer:
     def _prefix(self) -> str:
         return f"Round {self._round}/{self._max_rounds}"
 
-    async def render(self, event: Event) -> str:
+    async def render(self, event: RunEvent) -> str:
         """Handle one event; return the text to yield ('' for none)."""
+        if isinstance(event, RolloutEvent | SynthesisStarted):
+            return ""  # a heavy run's: HeavyRenderer shows them
         if isinstance(event, RunFinished):
             return await self._finish(event)
         status = self._status_for(event)
         if status:
-            await self.emit.status(status)
+            await self.emit.status(self.status_prefix + status)
         return self._text_for(event)
 
     def _text_for(self, event: Event) -> str:
@@ -260,7 +306,7 @@ class ChatRenderer:
         if isinstance(event, ToolCallFinished):
             text = self._close_think()
             if self.display.tool_cards:
-                card_id = f"call_{self._round}_{event.index}"
+                card_id = f"call_{self.card_scope}{self._round}_{event.index}"
                 text += tool_card(
                     card_id, event.name, event.arguments, event.result, event.ok
                 )
@@ -295,11 +341,20 @@ class ChatRenderer:
             )
         return ""
 
+    @property
+    def card_scope(self) -> str:
+        """What makes this renderer's card ids unique in the message."""
+        return "".join(c for c in self.status_prefix if c.isalnum()) + "_" * bool(
+            self.status_prefix
+        )
+
     async def _finish(self, event: RunFinished) -> str:
         out = self._close_think()
         if event.answer and not self._answer_started:
             out += self._answer(event.answer)
         out += self._rewriter.flush()
+        if self.nested:
+            return out + self._nested_ending(event)
         for warning in dict.fromkeys(self._warnings):  # each said once
             out += f"\n\n> ⚠️ {markdown_text(warning)}\n"
         if event.reason == "error":
@@ -314,7 +369,7 @@ class ChatRenderer:
             out += "\n\n*(The model did not mark this as its final answer.)*\n"
         out += sources_list(self.ledger)
         if self.display.summary:
-            out += summary_block(event.stats, event.reason, self.ledger)
+            out += summary_block(event.stats, event.reason, self.ledger, event.rollouts)
         usage = _tokens(
             event.stats.prompt_tokens, event.stats.completion_tokens, event.stats.cost
         )
@@ -324,3 +379,106 @@ class ChatRenderer:
             done=True,
         )
         return out
+
+    def _nested_ending(self, event: RunFinished) -> str:
+        """How a rollout ended, when that is not simply its answer."""
+        if event.reason == "error":
+            return f"\n\n> ⚠️ **This rollout stopped:** {markdown_text(event.error)}\n"
+        if not event.answer:
+            return (
+                "\n\n> ⚠️ This rollout ended without an answer "
+                f"({TERMINATION_TEXT[event.reason]}).\n"
+            )
+        return ""
+
+
+_THINK_BLOCK = re.compile(r"<think>\n(.*?)\n</think>\n\n", re.DOTALL)
+
+
+def _reasoning_block(match: re.Match[str]) -> str:
+    """A streamed ``<think>`` block as the finished reasoning card Open WebUI shows.
+
+    Inside a rollout's block the text is shown after the fact, so it is given
+    in the form Open WebUI stores a finished one (lines quoted, HTML-escaped;
+    the text was defused as it streamed, so it cannot end the card).
+    """
+    lines = "\n".join(
+        f"> {html.escape(line, quote=False)}" for line in match.group(1).splitlines()
+    )
+    return (
+        '\n\n<details type="reasoning" done="true" duration="0">\n'
+        f"<summary>Thought</summary>\n{lines}\n</details>\n\n"
+    )
+
+
+class HeavyRenderer:
+    """Renders a heavy run: each rollout in its own block, then the synthesis.
+
+    Rollouts run at once, but a chat message is one text: each rollout's
+    reasoning, tool cards and answer are kept until it ends and then shown as
+    one collapsible block. Status lines say which rollout is doing what as
+    it happens; the synthesis streams as the answer, with the sources read by
+    all rollouts and the research summary with every rollout's figures.
+    """
+
+    def __init__(
+        self, emit: SafeEmitter, ledger: SourceLedger, display: Display
+    ) -> None:
+        """Render into ``emit``, citing from the run's one ``ledger``."""
+        self.emit = emit
+        self.ledger = ledger
+        self.display = display
+        self.main = ChatRenderer(emit, ledger, display)
+        self._rollouts: dict[int, ChatRenderer] = {}
+        self._shown: dict[int, list[str]] = {}
+
+    async def render(self, event: RunEvent) -> str:
+        """Handle one event; return the text to yield ('' for none)."""
+        if isinstance(event, RolloutEvent):
+            return await self._rollout(event)
+        if isinstance(event, SynthesisStarted):
+            self.main.status_prefix = "Synthesis · "
+            await self.emit.status(
+                f"Synthesis · integrating the answers of {event.reports} of "
+                f"{event.rollouts} rollouts"
+            )
+            return ""
+        return await self.main.render(event)
+
+    def _renderer(self, rollout: int, rollouts: int) -> ChatRenderer:
+        if rollout not in self._rollouts:
+            self._rollouts[rollout] = ChatRenderer(
+                self.emit,
+                self.ledger,
+                replace(self.display, summary=False),
+                status_prefix=f"Rollout {rollout}/{rollouts} · ",
+                nested=True,
+            )
+            self._shown[rollout] = []
+        return self._rollouts[rollout]
+
+    async def _rollout(self, event: RolloutEvent) -> str:
+        renderer = self._renderer(event.rollout, event.rollouts)
+        text = await renderer.render(event.event)
+        if text:
+            self._shown[event.rollout].append(text)
+        if not isinstance(event.event, RunFinished):
+            return ""
+        return self._block(event.rollout, event.rollouts, event.event)
+
+    def _block(self, rollout: int, rollouts: int, finished: RunFinished) -> str:
+        """The finished rollout as one collapsible block."""
+        body = _THINK_BLOCK.sub(_reasoning_block, "".join(self._shown.pop(rollout)))
+        ending = (
+            "stopped by an error"
+            if finished.reason == "error"
+            else TERMINATION_TEXT[finished.reason]
+        )
+        summary = (
+            f"Rollout {rollout} of {rollouts} · {finished.stats.rounds} rounds · "
+            f"{ending}"
+        )
+        return (
+            f"\n\n<details>\n<summary>{html.escape(summary)}</summary>\n\n"
+            f"{body.strip()}\n\n</details>\n\n"
+        )

@@ -18,7 +18,7 @@ import inspect
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -215,6 +215,18 @@ class Toolbox:
         self._admin_valves = dict(admin_valves or {})
         self._handlers = dict(handlers or {})
         self._timeout = timeout_seconds
+
+    def with_emitter(
+        self, emitter: Callable[[dict[str, Any]], Awaitable[None]]
+    ) -> Toolbox:
+        """The same tools, their events going to ``emitter`` (a heavy run's rollout)."""
+        return Toolbox(
+            self._classes,
+            replace(self._context, emitter=emitter),
+            self._admin_valves,
+            self._handlers,
+            self._timeout,
+        )
 
     def available(self) -> list[str]:
         """Tool names the model may call in this run."""

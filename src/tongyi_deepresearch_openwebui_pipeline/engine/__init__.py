@@ -1,0 +1,1 @@
+"""The run engine: composes research runs (single, heavy) for every front end."""
