@@ -12,7 +12,7 @@ two ways, side by side:
   events, tool dispatch and rendering, as far as it is not hidden behind
   waiting for the server;
 - in process: the same replies from an instant model port through the real
-  `ResearchLoop`, `Toolbox` and `ChatRenderer` (no HTTP at all), divided by
+  `single_run`, `Toolbox` and `ChatRenderer` (no HTTP at all), divided by
   N: the pipe's CPU cost per round, nothing hidden.
 """
 
@@ -47,11 +47,11 @@ from tongyi_deepresearch_openwebui_pipeline.core.events import (
 )
 from tongyi_deepresearch_openwebui_pipeline.core.loop import (
     Limits,
-    ResearchLoop,
     RunState,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.prompts import build_system_prompt
 from tongyi_deepresearch_openwebui_pipeline.core.sources import SourceLedger
+from tongyi_deepresearch_openwebui_pipeline.engine.runs import single_run
 
 from .harness import MODEL_ID, drive, make_pipe
 from .report import Row, median, ms, secs
@@ -193,8 +193,8 @@ async def _in_process_rounds(rounds: int) -> float:
     started = time.perf_counter()
     emit = SafeEmitter(collect)
     ledger = SourceLedger()
-    renderer = ChatRenderer(emit, ledger, Display())
-    context = ToolContext(emitter=EventRelay(emit, ledger), chat_id="rounds")
+    renderer = ChatRenderer(ledger, Display())
+    context = ToolContext(emitter=EventRelay(emit), chat_id="rounds")
     toolbox = Toolbox({"search": InstantSearch}, context)
     system = build_system_prompt(toolbox.available(), TODAY)
     state = RunState(
@@ -204,10 +204,13 @@ async def _in_process_rounds(rounds: int) -> float:
         ],
         started=time.monotonic(),
     )
-    loop = ResearchLoop(
-        state, InstantModel(rounds), toolbox, Limits(max_rounds=rounds + 5)
-    )
-    shown = [await renderer.render(event) async for event in loop.run()]
+    shown = []
+    limits = Limits(max_rounds=rounds + 5)
+    async for event in single_run(state, InstantModel(rounds), toolbox, limits, ledger):
+        rendered = renderer.render(event)  # what the pipe does with each event
+        for payload in rendered.events:
+            await emit(payload)
+        shown.append(rendered.text)
     seconds = time.perf_counter() - started
     if ANSWER not in "".join(shown) or state.round != rounds:
         raise RuntimeError("the in-process run did not finish as scripted")

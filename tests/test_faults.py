@@ -794,7 +794,7 @@ def test_wrong_valve_values_name_the_field(
     assert shown.splitlines()[1] == field  # pydantic names the field on its own line
 
 
-def open_webui_loads_valves(stored: dict[str, Any]) -> Pipe.Valves:
+def open_webui_loads_valves(stored: dict[str, Any]) -> Any:
     """What Open WebUI 0.12.4 does before every chat and every model listing.
 
     functions.py `get_function_module_by_id`: ``Valves(**{k: v for k, v in

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,3 +78,41 @@ def test_the_check_sees_relative_imports() -> None:
     assert found == {"core", "engine", "adapters"}
     engine = {layer for _, layer in imported_layers(PACKAGE / "engine" / "runs.py")}
     assert engine == {"core"}
+
+
+# -- each tool is defined once ----------------------------------------------------
+
+
+def test_the_catalog_follows_the_reference_prompt_order() -> None:
+    import datetime as dt
+
+    from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.catalog import (
+        CATALOG,
+    )
+    from tongyi_deepresearch_openwebui_pipeline.core.prompts import (
+        ALL_TOOLS,
+        TOOL_LINES,
+        build_system_prompt,
+        system_prompt_with,
+    )
+
+    assert [tool.name for tool in CATALOG] == list(ALL_TOOLS)
+    assert [tool.prompt_line for tool in CATALOG] == [TOOL_LINES[n] for n in ALL_TOOLS]
+    today = dt.date(2026, 11, 24)
+    lines = [tool.prompt_line for tool in CATALOG]
+    assert system_prompt_with(lines, today) == build_system_prompt(ALL_TOOLS, today)
+
+
+def test_each_tool_switch_is_a_pipe_valve_from_the_catalog() -> None:
+    from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.catalog import (
+        CATALOG,
+    )
+    from tongyi_deepresearch_openwebui_pipeline.pipes.pipe import Pipe
+
+    fields = Pipe.Valves.model_fields
+    for tool in CATALOG:
+        assert fields[tool.valve].default is True
+        assert fields[tool.valve].description == tool.valve_description
+    switches: dict[str, Any] = {CATALOG[0].valve: False}
+    off = Pipe.Valves(**switches)
+    assert getattr(off, CATALOG[0].valve) is False

@@ -86,7 +86,6 @@ async def test_everything_is_empty_without_openwebui() -> None:
     assert compat.get_tool_specs(object()) == []
     assert compat.build_tool_form("x", "X", "", {}) is None
     assert compat.cache_tool_module(None, "x", "", compat.LoadedTool(object())) is False
-    assert await compat.get_tool_module_from_cache(object(), "x") is None
     assert await compat.get_file_by_id("f1") is None
     assert await compat.execute_code_jupyter("http://127.0.0.1:1", "print(1)") is None
     assert compat.code_interpreter_blocked_modules() == []
@@ -362,8 +361,6 @@ async def test_module_cache_is_filled_per_version(owui: FakeOpenWebUI) -> None:
         assert sys.modules["tool_demo_tool"] is loaded.module
         assert owui.app.state.TOOL_CONTENTS["demo_tool"] == TOOL_SOURCE
     assert compat.running_app() is owui.app
-    cached = await compat.get_tool_module_from_cache(owui.app, "demo_tool")
-    assert cached is loaded.instance
 
 
 # -- files and code --------------------------------------------------------------------

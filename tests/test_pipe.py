@@ -62,30 +62,37 @@ class FakeSearchTools:
         return "\n=======\n".join(blocks)
 
 
+class Result(str):
+    """A tool's result as our tools return it (their ToolResult's shape)."""
+
+    ok: bool
+    sources: tuple
+
+    def __new__(cls, text: str, sources: tuple = ()) -> Result:
+        result = super().__new__(cls, text)
+        result.ok, result.sources = True, sources
+        return result
+
+
 class FakeVisitTools:
     async def visit(
         self, url: list[str], goal: str, __event_emitter__=None, **_: Any
     ) -> str:
-        out = []
+        out, sources = [], []
         for u in url:
-            if __event_emitter__:
-                await __event_emitter__(
-                    {
-                        "type": "source",
-                        "data": {
-                            "source": {"name": f"Title of {u}", "url": u},
-                            "document": [f"Evidence from {u}"],
-                            "metadata": [
-                                {"source": u, "url": u, "name": f"Title of {u}"}
-                            ],
-                        },
-                    }
-                )
+            source = {
+                "source": {"name": f"Title of {u}", "url": u},
+                "document": [f"Evidence from {u}"],
+                "metadata": [{"source": u, "url": u, "name": f"Title of {u}"}],
+            }
+            if __event_emitter__:  # as the real tool does, for use on its own
+                await __event_emitter__({"type": "source", "data": source})
+            sources.append(source)
             out.append(
                 f"The useful information in {u} for user goal {goal} as follows: \n\n"
                 f"Evidence in page: \nEvidence from {u}\n\nSummary: \nSummary\n\n"
             )
-        return "\n=======\n".join(out).strip()
+        return Result("\n=======\n".join(out).strip(), tuple(sources))
 
 
 def make_pipe(fake: FakeOpenAI, **valves: Any) -> Pipe:

@@ -24,6 +24,12 @@ from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui import compat
 from tongyi_deepresearch_openwebui_pipeline.pipes.pipe import Pipe
 
 MODEL = "tongyi_deepresearch.tongyi-deepresearch"
+#: The tool switches come from the tool catalog (not declared fields).
+NO_WEB_TOOLS: dict[str, Any] = {
+    "SEARCH_ENABLED": False,
+    "SCHOLAR_ENABLED": False,
+    "VISIT_ENABLED": False,
+}
 
 _COMMON = """
 import json
@@ -96,9 +102,7 @@ async def run_through(runner: Any, fake: FakeOpenAI, stream: bool) -> list[str]:
     pipe.valves = pipe.Valves(
         API_BASE_URL=fake.base_url,
         MODEL_ID=fake.model,
-        SEARCH_ENABLED=False,
-        SCHOLAR_ENABLED=False,
-        VISIT_ENABLED=False,
+        **NO_WEB_TOOLS,
     )
     body = {
         "model": MODEL,
@@ -168,9 +172,7 @@ async def test_non_streamed_replies_get_no_stream_lines(
         pipe.valves = pipe.Valves(
             API_BASE_URL=fake.base_url,
             MODEL_ID=fake.model,
-            SEARCH_ENABLED=False,
-            SCHOLAR_ENABLED=False,
-            VISIT_ENABLED=False,
+            **NO_WEB_TOOLS,
         )
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Q?"}]}
         pieces = [piece async for piece in pipe.pipe(body)]

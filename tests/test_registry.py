@@ -24,7 +24,6 @@ from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui import compat, re
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
     TOOL_MODULES,
     ToolModule,
-    ToolResolver,
 )
 
 NAMES = ["search", "visit"]
@@ -385,31 +384,6 @@ async def test_schedule_outside_open_webui_gives_up_quietly(
 # -- the resolver strategy and valves --------------------------------------------------
 
 
-async def test_registry_tool_class_loads_the_installed_tool(
-    owui: FakeOpenWebUI,
-) -> None:
-    spec = TOOL_MODULES["search"]
-    assert await registry.registry_tool_class(spec) is None  # not installed yet
-    await registry.ensure_tools_installed(["search"])
-    cls = await registry.registry_tool_class(spec)
-    assert cls is not None
-    assert callable(cls.search)
-    assert owui.sync_calls_on_loop_thread == []
-
-
-async def test_resolver_uses_the_registry_as_last_strategy(
-    owui: FakeOpenWebUI, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    ghost = ToolModule("ghost", "ghost_tool_module", "search", "deepresearch_search")
-    await registry.ensure_tools_installed(["search"])
-    for name in [n for n in sys.modules if n.startswith("tool_")]:
-        monkeypatch.delitem(sys.modules, name)
-    resolver = ToolResolver(registry_lookup=registry.registry_tool_class)
-    cls = await resolver.resolve(ghost)
-    assert cls is not None
-    assert cls.__name__ == "Tools"
-
-
 async def test_registry_valves_are_the_admins(owui: FakeOpenWebUI) -> None:
     spec = TOOL_MODULES["search"]
     assert await registry.registry_tool_valves(spec) == {}
@@ -425,7 +399,6 @@ async def test_sync_registries_run_in_worker_threads(
     fake = _install(monkeypatch, shape)
     try:
         await registry.ensure_tools_installed(NAMES)
-        await registry.registry_tool_class(TOOL_MODULES["visit"])
         await registry.registry_tool_valves(TOOL_MODULES["visit"])
     finally:
         fake.cleanup()
@@ -504,7 +477,6 @@ def test_real_open_webui_registry(tmp_path: Path) -> None:
     assert sorted(result["user_tools"]) == sorted(
         TOOL_MODULES[name].method for name in result["names"]
     )
-    assert result["class_from_registry"] is True
     assert result["valves"] == {"RESULTS_PER_QUERY": 3}
     # The other compat seams on the real models: config, file store, permissions.
     assert result["engine"] == "pyodide"  # Open WebUI's default

@@ -6,9 +6,6 @@ import re
 
 import pytest
 
-from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.emitter import (
-    SafeEmitter,
-)
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.render import (
     ChatRenderer,
     Display,
@@ -38,12 +35,12 @@ STATS = RunStats(0, 0, 0, 0, 0, 0, None, 0.0)
 
 
 def renderer(ledger: SourceLedger | None = None) -> ChatRenderer:
-    return ChatRenderer(SafeEmitter(None), ledger or SourceLedger(), Display())
+    return ChatRenderer(ledger or SourceLedger(), Display())
 
 
 async def render_all(events, ledger: SourceLedger | None = None) -> str:
     chat = renderer(ledger)
-    return "".join([await chat.render(event) for event in events])
+    return "".join(chat.render(event).text for event in events)
 
 
 @pytest.mark.parametrize("cut", range(0, len(FORGED_REASONING) + 1, 7))
@@ -107,3 +104,33 @@ def test_page_titles_are_shown_literally_in_sources_read(title):
     assert not re.search(r"(?<!\\)[\[\]()<>!`*_|]", link_text)
     assert re.sub(r"\\(.)", r"\1", link_text) == " ".join(title.split())
     assert url == "https://site.example/a%20%28b%29%3Cc%3E"
+
+
+# -- rendering is pure: events in, text and payloads out -----------------------------
+
+
+def test_rendering_returns_text_and_payloads_and_does_no_io() -> None:
+    from tongyi_deepresearch_openwebui_pipeline.core.events import (
+        RoundStarted,
+        SourcesAdded,
+    )
+
+    ledger = SourceLedger()
+    first = ledger.record(
+        {"source": {"name": "A", "url": "https://a.example/"}, "document": ["ev"]}
+    )
+    assert first is not None
+    chat = renderer(ledger)
+    started = chat.render(RoundStarted(1, 100))
+    assert started.text == ""
+    assert started.events == (
+        {
+            "type": "status",
+            "data": {"description": "Round 1/100 · thinking…", "done": False},
+        },
+    )
+    added = chat.render(SourcesAdded((first,)))
+    assert [e["data"]["source"]["url"] for e in added.events] == ["https://a.example/"]
+    end = chat.render(RunFinished("answer", "See https://a.example/.", STATS))
+    assert "See https://a.example/ [1]." in end.text
+    assert end.events[-1]["data"]["done"] is True

@@ -182,3 +182,61 @@ async def test_a_tool_that_says_it_failed_is_believed() -> None:
     outcome = await run({"search": Failing}, "search", query=["x"])
     assert not outcome.ok
     assert type(outcome.text) is str  # the core gets a plain string
+
+
+# -- sources travel in the result ------------------------------------------------
+
+
+async def test_a_visit_returns_the_pages_it_read_in_the_order_asked(
+    site: PageSite,
+) -> None:
+    read_second, failing, read_first = (
+        site.url("/plain"),
+        site.url("/status/404"),
+        site.url("/article"),
+    )
+    outcome = await run(
+        {"visit": visit_class()},
+        "visit",
+        url=[read_first, failing, read_second, read_first],
+        goal="g",
+    )
+    assert outcome.ok
+    urls = [source["metadata"][0]["url"] for source in outcome.sources]
+    assert urls == [read_first, read_second]  # once each, the failed one left out
+    first = outcome.sources[0]
+    assert first["source"] == {"name": "Solar Panels & Efficiency", "url": read_first}
+    assert first["document"][0].startswith("# Solar panel efficiency in 2024")
+    assert first["metadata"][0]["goal"] == "g"
+    # What a call adds to the run's tallies comes from the tool catalog.
+    assert outcome.counts == (("pages_requested", 4),)
+
+
+async def test_a_search_reads_no_pages() -> None:
+    outcome = await run({"search": search_tool.Tools}, "search", query=["a", "b"])
+    assert outcome.sources == ()
+    assert outcome.counts == (("searches", 2),)
+
+
+async def test_sources_a_tool_only_emits_are_not_the_runs() -> None:
+    # A tool that emits a source event but returns none read nothing for the
+    # run: the relay forwards its status lines and drops its source events.
+    from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.emitter import (
+        EventRelay,
+        SafeEmitter,
+    )
+
+    seen: list[dict[str, Any]] = []
+
+    async def collect(event: dict[str, Any]) -> None:
+        seen.append(event)
+
+    relay = EventRelay(SafeEmitter(collect), status_prefix="Rollout 1/3 · ")
+    await relay({"type": "source", "data": {"source": {"url": "https://x.example"}}})
+    await relay({"type": "status", "data": {"description": "Reading", "done": True}})
+    assert seen == [
+        {
+            "type": "status",
+            "data": {"description": "Rollout 1/3 · Reading", "done": False},
+        }
+    ]

@@ -84,7 +84,15 @@ class RecordingTools:
         self.running -= 1
         if isinstance(self.result, Exception):
             raise self.result
-        return ToolOutcome(f"{self.result} for {call.name}")
+        # A port says what its calls add to the tallies (the toolbox does so
+        # from the tool catalog).
+        counts = {"search": "searches", "visit": "pages_requested"}
+        key = "query" if call.name == "search" else "url"
+        tally = ((counts[call.name], len(call.arguments.get(key, []))),)
+        return ToolOutcome(
+            f"{self.result} for {call.name}",
+            counts=tally if call.name in counts else (),
+        )
 
 
 class Clock:

@@ -109,9 +109,6 @@ async def main() -> dict[str, Any]:
     result["user_tools"] = sorted(tools)
 
     first_id, first_spec = ids[0], TOOL_MODULES[names[0]]
-    result["class_from_registry"] = (
-        await registry.registry_tool_class(first_spec) is not None
-    )
     await Tools.update_tool_valves_by_id(first_id, {"RESULTS_PER_QUERY": 3})
     result["valves"] = await registry.registry_tool_valves(first_spec)
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from .sources import Source
 from .toolcalls import ToolCall
 
 Termination = Literal[
@@ -100,10 +101,18 @@ class ModelPort(Protocol):
 
 @dataclass(frozen=True)
 class ToolOutcome:
-    """What a tool returned: model-facing text and whether it worked."""
+    """What a tool returned, as the tool itself said it.
+
+    ``text`` is for the model; ``ok`` says whether the call worked; ``sources``
+    are the pages it read (each the ``data`` of an Open WebUI source event:
+    ``source``, ``document``, ``metadata``); ``counts`` adds to the run's
+    tallies (``searches``, ``pages_requested``).
+    """
 
     text: str
     ok: bool = True
+    sources: tuple[dict[str, Any], ...] = ()
+    counts: tuple[tuple[str, int], ...] = ()
 
 
 class ToolPort(Protocol):
@@ -169,7 +178,10 @@ class ToolCallStarted:
 
 @dataclass(frozen=True)
 class ToolCallFinished:
-    """A tool call finished (or could not run: ``ok`` is False)."""
+    """A tool call finished (or could not run: ``ok`` is False).
+
+    ``sources`` are the pages it read, as the tool returned them.
+    """
 
     index: int
     name: str
@@ -177,7 +189,16 @@ class ToolCallFinished:
     result: str
     ok: bool
     seconds: float
+    sources: tuple[dict[str, Any], ...] = ()
     kind: str = "tool_finished"
+
+
+@dataclass(frozen=True)
+class SourcesAdded:
+    """Pages read for the first time in this run, numbered (run engine)."""
+
+    sources: tuple[Source, ...]
+    kind: str = "sources_added"
 
 
 @dataclass(frozen=True)
@@ -248,6 +269,8 @@ class RunFinished:
     error: str = ""
     answer_marked: bool = True
     rollouts: tuple[RolloutSummary, ...] = ()
+    #: The run's sources in citation order (set by the run engine).
+    sources: tuple[Source, ...] = ()
     kind: str = "finished"
 
 
@@ -283,6 +306,7 @@ Event = (
     | UsageUpdated
     | WrappingUp
     | ContextWarning
+    | SourcesAdded
     | RunFinished
 )
 #: What a run of either kind yields: a heavy run adds its rollouts' events and

@@ -113,6 +113,8 @@ RAISE_CONTEXT_HINT = (
 #: exceed `TRUNCATION_MIN_GAP` so short prompts cannot trip it.
 TRUNCATION_RATIO = 0.5
 TRUNCATION_MIN_GAP = 2048
+#: The counters a tool's outcome may add to (`ToolOutcome.counts`).
+TALLIES = ("searches", "pages_requested")
 #: Times the final answer is asked for again after an overflow, each with less.
 OVERFLOW_RETRIES = 3
 
@@ -447,6 +449,7 @@ class ResearchLoop:
                 outcome.text,
                 outcome.ok,
                 seconds,
+                outcome.sources,
             )
         self.state.messages.append(
             {"role": "user", "content": wrap_responses(o.text for o, _ in timed)}
@@ -502,15 +505,14 @@ class ResearchLoop:
             )
 
     def _tally(self, call: ToolCall | CallError, outcome: ToolOutcome) -> None:
+        """Count the call, and what its tool said it adds to the tallies."""
         counters = self.state.counters
         if isinstance(call, CallError):
             return
         counters.tool_calls += 1
-        if call.name in ("search", "google_scholar"):
-            counters.searches += len(call.arguments.get("query", []))
-        elif call.name == "visit":
-            # Which pages were actually read is known from their sources.
-            counters.pages_requested += len(call.arguments.get("url", []))
+        for name, count in outcome.counts:
+            if name in TALLIES:
+                setattr(counters, name, getattr(counters, name) + count)
 
     # -- budgets --
     def _hard_limit(self) -> int:

@@ -135,7 +135,20 @@ def build_system_prompt(
         The system message content.
     """
     wanted = set(tools)
-    lines = "".join(TOOL_LINES[name] + "\n" for name in ALL_TOOLS if name in wanted)
+    lines = [TOOL_LINES[name] for name in ALL_TOOLS if name in wanted]
+    return system_prompt_with(lines, today, preamble)
+
+
+def system_prompt_with(
+    tool_lines: Iterable[str], today: dt.date, preamble: str = ""
+) -> str:
+    """The reference system prompt around these tool lines, in this order.
+
+    The tool catalog gives each tool's line (for the model's own tools, the
+    `TOOL_LINES` bytes above); `build_system_prompt` is this with the
+    reference lines of the tools named.
+    """
+    lines = "".join(line + "\n" for line in tool_lines)
     prompt = _HEAD + lines + _TAIL + format_date(today)
     preamble = preamble.strip()
     return f"{preamble}\n\n{prompt}" if preamble else prompt

@@ -110,6 +110,14 @@ class SourceLedger:
 
         `reader` is the heavy run's rollout that read the page (0: none).
         """
+        source = self.record(data, reader)
+        return source_event(source) if source is not None else None
+
+    def record(self, data: dict[str, Any], reader: int = 0) -> Source | None:
+        """Record a page read (a source event's ``data``); the source if new.
+
+        `reader` is the heavy run's rollout that read the page (0: none).
+        """
         source = data.get("source") or {}
         metadata = (data.get("metadata") or [{}])[0] or {}
         url = str(
@@ -151,7 +159,7 @@ class SourceLedger:
         self.sources.append(entry)
         for key in aliases:
             self._by_key[key] = entry
-        return source_event(entry)
+        return entry
 
 
 #: The note the visit tool ends a source card with ("[Read: main content, …]").

@@ -36,13 +36,16 @@ from typing import Any
 
 from ..core.events import (
     TERMINATION_TEXT,
+    Event,
     ModelPort,
     RolloutEvent,
     RolloutSummary,
     RunEvent,
     RunFinished,
     RunStats,
+    SourcesAdded,
     SynthesisStarted,
+    ToolCallFinished,
     ToolOutcome,
     ToolPort,
 )
@@ -76,11 +79,36 @@ class HeavySettings:
     synthesis_reserve: float = 0.15
 
 
-def single_run(
-    state: RunState, model: ModelPort, tools: ToolPort, limits: Limits
+async def single_run(
+    state: RunState,
+    model: ModelPort,
+    tools: ToolPort,
+    limits: Limits,
+    ledger: SourceLedger,
 ) -> AsyncIterator[RunEvent]:
-    """One research run: the loop's own events."""
-    return ResearchLoop(state, model, tools, limits).run()
+    """One research run: the loop's events, with the pages read numbered.
+
+    The sources the tools return are recorded in `ledger` as they come
+    (`SourcesAdded` after the call that read them); `RunFinished` carries
+    them all.
+    """
+    async for event in ResearchLoop(state, model, tools, limits).run():
+        for recorded in _with_sources(event, ledger, reader=0):
+            yield recorded
+
+
+def _with_sources(event: Event, ledger: SourceLedger, reader: int) -> list[Event]:
+    """`event`, then `SourcesAdded` for the pages it read first (or with sources)."""
+    if isinstance(event, ToolCallFinished) and event.sources:
+        added = tuple(
+            source
+            for data in event.sources
+            if (source := ledger.record(data, reader)) is not None
+        )
+        return [event, SourcesAdded(added)] if added else [event]
+    if isinstance(event, RunFinished):
+        return [replace(event, sources=tuple(ledger.sources))]
+    return [event]
 
 
 class _NoTools:
@@ -193,7 +221,8 @@ class HeavyRun:
                 )
                 async for event in loop.run():
                     ended |= isinstance(event, RunFinished)
-                    await queue.put(RolloutEvent(rollout, self.rollouts, event))
+                    for recorded in _with_sources(event, self.ledger, rollout):
+                        await queue.put(RolloutEvent(rollout, self.rollouts, recorded))
         except asyncio.CancelledError:
             raise
         except Exception as error:  # a broken rollout must not sink the others

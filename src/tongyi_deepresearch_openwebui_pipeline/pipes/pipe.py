@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from .. import __version__
 from ..adapters import secrets
@@ -30,22 +30,19 @@ from ..adapters.model_client import (
     shared_ssl_context,
 )
 from ..adapters.openwebui import compat
-from ..adapters.openwebui.code import build_python_handler
+from ..adapters.openwebui.catalog import CATALOG, ChatFacts
 from ..adapters.openwebui.emitter import EventRelay, SafeEmitter
 from ..adapters.openwebui.files import (
-    build_parse_file_handler,
     context_handover,
     web_results_note,
     with_uploaded_files_note,
 )
 from ..adapters.openwebui.registry import (
-    registry_tool_class,
     registry_tool_valves,
     schedule_auto_install,
 )
 from ..adapters.openwebui.render import ChatRenderer, Display, HeavyRenderer
 from ..adapters.openwebui.toolbox import (
-    TOOL_MODULES,
     Handler,
     SharedEndpoint,
     Toolbox,
@@ -54,7 +51,7 @@ from ..adapters.openwebui.toolbox import (
 )
 from ..core.history import remove_injected_context, split_conversation
 from ..core.loop import Limits, RunState
-from ..core.prompts import build_system_prompt
+from ..core.prompts import system_prompt_with
 from ..core.sources import SourceLedger
 from ..core.tasks import (
     final_reply_text,
@@ -73,13 +70,6 @@ SINGLE_MODEL = {"id": "tongyi-deepresearch", "name": "Tongyi DeepResearch"}
 HEAVY_MODEL = {"id": "tongyi-deepresearch-heavy", "name": "Tongyi DeepResearch Heavy"}
 DEFAULT_MODEL = "Alibaba-NLP/Tongyi-DeepResearch-30B-A3B"
 
-# The model's tool name -> the pipe valve that enables it.
-_ENABLE_VALVES = {
-    "search": "SEARCH_ENABLED",
-    "google_scholar": "SCHOLAR_ENABLED",
-    "visit": "VISIT_ENABLED",
-}
-
 
 def _http_url(value: str) -> str:
     value = value.strip()
@@ -93,199 +83,196 @@ def _http_url(value: str) -> str:
     return value.rstrip("/")
 
 
+class _Settings(BaseModel):
+    """Admin settings (Admin Panel → Functions → Tongyi DeepResearch)."""
+
+    # A rejected value may hold a key or a URL with a password: validation
+    # errors (shown and logged by Open WebUI) must not repeat it.
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    API_BASE_URL: str = Field(
+        default=DEFAULT_BASE_URL,
+        description="OpenAI-compatible endpoint of the model server "
+        "(vLLM/SGLang: http://localhost:8000/v1; "
+        "llama.cpp: http://localhost:8080/v1; "
+        "Ollama: http://localhost:11434/v1; or a hosted provider).",
+    )
+    API_KEY: str = Field(
+        default="",
+        description="API key for the model server; leave empty for local servers.",
+    )
+    MODEL_ID: str = Field(
+        default=DEFAULT_MODEL,
+        description="Model id as the server knows it.",
+    )
+    TEMPERATURE: float = Field(
+        # The lab's runner passes TEMPERATURE=0.85 from its .env.example, and
+        # the technical report evaluates at 0.85: the published scores' setting.
+        # react_agent.py's 0.6 is only its fallback when nothing is passed.
+        default=0.85,
+        ge=0.0,
+        le=2.0,
+        description="Sampling temperature (0.85: the lab's evaluation setting; "
+        "0.6 is the reference code's fallback).",
+    )
+    TOP_P: float = Field(
+        default=0.95,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling (reference: 0.95).",
+    )
+    PRESENCE_PENALTY: float = Field(
+        default=1.1,
+        ge=-2.0,
+        le=2.0,
+        description="Presence penalty (reference: 1.1).",
+    )
+    MAX_TOKENS: int = Field(
+        default=10000,
+        ge=256,
+        le=131072,
+        description="Most tokens the model may write per round (reference: 10000).",
+    )
+    MAX_TOOL_ROUNDS: int = Field(
+        default=100,
+        ge=1,
+        le=500,
+        description=(
+            "Most model rounds before the model is asked for its final answer "
+            "(reference: 100)."
+        ),
+    )
+    MAX_CONTEXT_TOKENS: int = Field(
+        default=110 * 1024,
+        ge=4096,
+        le=1_048_576,
+        description=(
+            "Context budget in tokens; when the conversation grows past it the "
+            "model must answer (reference: 112640 for a 128K model). Lower it when "
+            "your server serves a shorter context."
+        ),
+    )
+    MAX_RESEARCH_MINUTES: float = Field(
+        default=150.0,
+        gt=0.0,
+        le=1440.0,
+        description="Wall-clock limit of one research run (reference: 150).",
+    )
+    MAX_CALLS_PER_TURN: int = Field(
+        default=5,
+        ge=1,
+        le=20,
+        description="Most tool calls run from one model turn.",
+    )
+    REQUEST_TIMEOUT_SECONDS: float = Field(
+        default=600.0,
+        gt=0.0,
+        le=3600.0,
+        description=(
+            "Wall-clock limit of one model request, however the server trickles "
+            "(reference: 600)."
+        ),
+    )
+    MAX_RETRIES: int = Field(
+        default=5,
+        ge=1,
+        le=20,
+        description=(
+            "Attempts per model call on transient errors (connection, timeout, 429,"
+            " 5xx)."
+        ),
+    )
+    TOOL_TIMEOUT_SECONDS: float = Field(
+        default=900.0,
+        gt=0.0,
+        le=7200.0,
+        description="Longest a single tool call may take.",
+    )
+    SYSTEM_PROMPT_PREAMBLE: str = Field(
+        default="", description="Text placed before the model's own system prompt."
+    )
+    EMIT_THINKING: bool = Field(
+        default=True,
+        description="Show the model's thinking as collapsible reasoning blocks.",
+    )
+    SHOW_TOOL_CARDS: bool = Field(
+        default=True,
+        description="Show each tool call as a card with its arguments and result.",
+    )
+    SHOW_RESEARCH_SUMMARY: bool = Field(
+        default=True,
+        description=(
+            "Show the research summary (rounds, searches, pages, tokens, time) "
+            "under the answer."
+        ),
+    )
+    SHOW_COST_TRACKING: bool = Field(
+        default=True,
+        description=(
+            "Show tokens (and cost when the provider reports it) in the status line."
+        ),
+    )
+    HEAVY_ENABLED: bool = Field(
+        default=True,
+        description=(
+            "Offer the 'Tongyi DeepResearch Heavy' model: several research "
+            "rollouts at once, then one synthesis of their findings."
+        ),
+    )
+    HEAVY_ROLLOUTS: int = Field(
+        default=3,
+        ge=2,
+        le=8,
+        description="Research rollouts of one heavy run.",
+    )
+    HEAVY_CONCURRENT_ROLLOUTS: int = Field(
+        default=3,
+        ge=1,
+        le=8,
+        description=(
+            "Rollouts running at once (vLLM and SGLang batch them; lower it for "
+            "a server that runs one request at a time, such as llama.cpp "
+            "without --parallel)."
+        ),
+    )
+    AUTO_INSTALL_TOOLS: bool = Field(
+        default=True,
+        description=(
+            "Install the search, scholar and visit tools into Open WebUI's tool "
+            "registry on startup."
+        ),
+    )
+
+    @field_validator("API_KEY")
+    @classmethod
+    def _encrypt_key(cls, value: str) -> str:
+        # Stored encrypted when WEBUI_SECRET_KEY is set; see adapters.secrets.
+        return secrets.encrypt(value.strip())
+
+    @field_validator("API_BASE_URL")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        value = _http_url(value)
+        if not value:
+            raise ValueError("is required (e.g. http://localhost:8000/v1)")
+        return value
+
+
+def _with_tool_switches(settings: type[_Settings]) -> type[_Settings]:
+    """The settings plus one switch per tool, from the tool catalog."""
+    switches: dict[str, Any] = {
+        tool.valve: (bool, Field(default=True, description=tool.valve_description))
+        for tool in CATALOG
+    }
+    return create_model(
+        "Valves", __base__=settings, __doc__=settings.__doc__, **switches
+    )
+
+
 class Pipe:
     """Tongyi DeepResearch as an Open WebUI model."""
 
-    class Valves(BaseModel):
-        """Admin settings (Admin Panel → Functions → Tongyi DeepResearch)."""
-
-        # A rejected value may hold a key or a URL with a password: validation
-        # errors (shown and logged by Open WebUI) must not repeat it.
-        model_config = ConfigDict(hide_input_in_errors=True)
-
-        API_BASE_URL: str = Field(
-            default=DEFAULT_BASE_URL,
-            description="OpenAI-compatible endpoint of the model server "
-            "(vLLM/SGLang: http://localhost:8000/v1; "
-            "llama.cpp: http://localhost:8080/v1; "
-            "Ollama: http://localhost:11434/v1; or a hosted provider).",
-        )
-        API_KEY: str = Field(
-            default="",
-            description="API key for the model server; leave empty for local servers.",
-        )
-        MODEL_ID: str = Field(
-            default=DEFAULT_MODEL,
-            description="Model id as the server knows it.",
-        )
-        TEMPERATURE: float = Field(
-            # The lab's runner passes TEMPERATURE=0.85 from its .env.example, and
-            # the technical report evaluates at 0.85: the published scores' setting.
-            # react_agent.py's 0.6 is only its fallback when nothing is passed.
-            default=0.85,
-            ge=0.0,
-            le=2.0,
-            description="Sampling temperature (0.85: the lab's evaluation setting; "
-            "0.6 is the reference code's fallback).",
-        )
-        TOP_P: float = Field(
-            default=0.95,
-            gt=0.0,
-            le=1.0,
-            description="Nucleus sampling (reference: 0.95).",
-        )
-        PRESENCE_PENALTY: float = Field(
-            default=1.1,
-            ge=-2.0,
-            le=2.0,
-            description="Presence penalty (reference: 1.1).",
-        )
-        MAX_TOKENS: int = Field(
-            default=10000,
-            ge=256,
-            le=131072,
-            description="Most tokens the model may write per round (reference: 10000).",
-        )
-        MAX_TOOL_ROUNDS: int = Field(
-            default=100,
-            ge=1,
-            le=500,
-            description=(
-                "Most model rounds before the model is asked for its final answer "
-                "(reference: 100)."
-            ),
-        )
-        MAX_CONTEXT_TOKENS: int = Field(
-            default=110 * 1024,
-            ge=4096,
-            le=1_048_576,
-            description=(
-                "Context budget in tokens; when the conversation grows past it the "
-                "model must answer (reference: 112640 for a 128K model). Lower it when "
-                "your server serves a shorter context."
-            ),
-        )
-        MAX_RESEARCH_MINUTES: float = Field(
-            default=150.0,
-            gt=0.0,
-            le=1440.0,
-            description="Wall-clock limit of one research run (reference: 150).",
-        )
-        MAX_CALLS_PER_TURN: int = Field(
-            default=5,
-            ge=1,
-            le=20,
-            description="Most tool calls run from one model turn.",
-        )
-        REQUEST_TIMEOUT_SECONDS: float = Field(
-            default=600.0,
-            gt=0.0,
-            le=3600.0,
-            description=(
-                "Wall-clock limit of one model request, however the server trickles "
-                "(reference: 600)."
-            ),
-        )
-        MAX_RETRIES: int = Field(
-            default=5,
-            ge=1,
-            le=20,
-            description=(
-                "Attempts per model call on transient errors (connection, timeout, 429,"
-                " 5xx)."
-            ),
-        )
-        TOOL_TIMEOUT_SECONDS: float = Field(
-            default=900.0,
-            gt=0.0,
-            le=7200.0,
-            description="Longest a single tool call may take.",
-        )
-        SEARCH_ENABLED: bool = Field(default=True, description="Offer the search tool.")
-        SCHOLAR_ENABLED: bool = Field(
-            default=True, description="Offer the google_scholar tool."
-        )
-        VISIT_ENABLED: bool = Field(default=True, description="Offer the visit tool.")
-        PARSE_FILE_ENABLED: bool = Field(
-            default=True,
-            description="Offer parse_file when the user attached files to the chat.",
-        )
-        PYTHON_ENABLED: bool = Field(
-            default=True,
-            description=(
-                "Offer PythonInterpreter when Open WebUI's code interpreter is set "
-                "to Jupyter (Admin Settings → Code Execution)."
-            ),
-        )
-        SYSTEM_PROMPT_PREAMBLE: str = Field(
-            default="", description="Text placed before the model's own system prompt."
-        )
-        EMIT_THINKING: bool = Field(
-            default=True,
-            description="Show the model's thinking as collapsible reasoning blocks.",
-        )
-        SHOW_TOOL_CARDS: bool = Field(
-            default=True,
-            description="Show each tool call as a card with its arguments and result.",
-        )
-        SHOW_RESEARCH_SUMMARY: bool = Field(
-            default=True,
-            description=(
-                "Show the research summary (rounds, searches, pages, tokens, time) "
-                "under the answer."
-            ),
-        )
-        SHOW_COST_TRACKING: bool = Field(
-            default=True,
-            description=(
-                "Show tokens (and cost when the provider reports it) in the status "
-                "line."
-            ),
-        )
-        HEAVY_ENABLED: bool = Field(
-            default=True,
-            description=(
-                "Offer the 'Tongyi DeepResearch Heavy' model: several research "
-                "rollouts at once, then one synthesis of their findings."
-            ),
-        )
-        HEAVY_ROLLOUTS: int = Field(
-            default=3,
-            ge=2,
-            le=8,
-            description="Research rollouts of one heavy run.",
-        )
-        HEAVY_CONCURRENT_ROLLOUTS: int = Field(
-            default=3,
-            ge=1,
-            le=8,
-            description=(
-                "Rollouts running at once (vLLM and SGLang batch them; lower it for "
-                "a server that runs one request at a time, such as llama.cpp "
-                "without --parallel)."
-            ),
-        )
-        AUTO_INSTALL_TOOLS: bool = Field(
-            default=True,
-            description=(
-                "Install the search, scholar and visit tools into Open WebUI's tool "
-                "registry on startup."
-            ),
-        )
-
-        @field_validator("API_KEY")
-        @classmethod
-        def _encrypt_key(cls, value: str) -> str:
-            # Stored encrypted when WEBUI_SECRET_KEY is set; see adapters.secrets.
-            return secrets.encrypt(value.strip())
-
-        @field_validator("API_BASE_URL")
-        @classmethod
-        def _check_url(cls, value: str) -> str:
-            value = _http_url(value)
-            if not value:
-                raise ValueError("is required (e.g. http://localhost:8000/v1)")
-            return value
+    Valves = _with_tool_switches(_Settings)
 
     class UserValves(BaseModel):
         """Each user's own settings."""
@@ -302,18 +289,16 @@ class Pipe:
                 Open WebUI constructs the pipe without arguments.
         """
         self.valves = self.Valves()
-        self._resolver = tool_resolver or ToolResolver(
-            registry_lookup=registry_tool_class
-        )
+        self._resolver = tool_resolver or ToolResolver()
 
     def pipes(self) -> list[dict[str, str]]:
         """The models this pipe offers (cheap: called on every model listing)."""
         if self.valves.AUTO_INSTALL_TOOLS:
             # Starts one background install per process; returns at once.
             schedule_auto_install(
-                name
-                for name, valve in _ENABLE_VALVES.items()
-                if getattr(self.valves, valve)
+                tool.name
+                for tool in CATALOG
+                if tool.module is not None and getattr(self.valves, tool.valve)
             )
         return (
             [SINGLE_MODEL, HEAVY_MODEL] if self.valves.HEAVY_ENABLED else [SINGLE_MODEL]
@@ -423,7 +408,7 @@ class Pipe:
     async def _research(
         self,
         body: dict[str, Any],
-        valves: Valves,
+        valves: _Settings,
         emit: SafeEmitter,
         *,
         api_key: str,
@@ -446,9 +431,7 @@ class Pipe:
         )
         heavy = valves.HEAVY_ENABLED and _is_heavy(body)
         renderer = (
-            HeavyRenderer(emit, ledger, display)
-            if heavy
-            else ChatRenderer(emit, ledger, display)
+            HeavyRenderer(ledger, display) if heavy else ChatRenderer(ledger, display)
         )
         messages, files, web_urls = await _without_injected_context(
             body, request, metadata, files
@@ -459,7 +442,7 @@ class Pipe:
             request=request,
             user=user,
             chat_id=chat_id,
-            relay=EventRelay(emit, ledger),
+            relay=EventRelay(emit),
             files=files,
         )
         system_extra, turns = split_conversation(messages)
@@ -475,7 +458,10 @@ class Pipe:
         preamble = "\n\n".join(
             p for p in (valves.SYSTEM_PROMPT_PREAMBLE.strip(), system_extra) if p
         )
-        system = build_system_prompt(toolbox.available(), _today(metadata), preamble)
+        # Each offered tool's line, in the catalog's (the reference prompt's) order.
+        offered = set(toolbox.available())
+        lines = [tool.prompt_line for tool in CATALOG if tool.name in offered]
+        system = system_prompt_with(lines, _today(metadata), preamble)
         state = RunState(
             messages=[{"role": "system", "content": system}, *turns],
             started=time.monotonic(),
@@ -504,9 +490,7 @@ class Pipe:
 
                 def tools_for(rollout: int) -> Toolbox:
                     prefix = f"Rollout {rollout}/{rollouts} · "
-                    return toolbox.with_emitter(
-                        EventRelay(emit, ledger, reader=rollout, status_prefix=prefix)
-                    )
+                    return toolbox.with_emitter(EventRelay(emit, status_prefix=prefix))
 
                 events = HeavyRun(
                     state.messages,
@@ -518,15 +502,17 @@ class Pipe:
                     _today(metadata),
                 ).run()
             else:
-                events = single_run(state, model, toolbox, limits)
+                events = single_run(state, model, toolbox, limits, ledger)
             async for event in events:
-                text = await renderer.render(event)
-                if text:
-                    yield text
+                rendered = renderer.render(event)
+                for payload in rendered.events:
+                    await emit(payload)
+                if rendered.text:
+                    yield rendered.text
 
     async def _toolbox(
         self,
-        valves: Valves,
+        valves: _Settings,
         *,
         api_key: str,
         request: Any,
@@ -535,13 +521,13 @@ class Pipe:
         relay: EventRelay,
         files: list[dict[str, Any]] | None = None,
     ) -> Toolbox:
+        offered = [tool for tool in CATALOG if getattr(valves, tool.valve)]
         classes: dict[str, type] = {}
-        for name, valve in _ENABLE_VALVES.items():
-            if not getattr(valves, valve):
-                continue
-            cls = await self._resolver.resolve(TOOL_MODULES[name])
-            if cls is not None:
-                classes[name] = cls
+        for tool in offered:
+            if tool.module is not None:
+                cls = await self._resolver.resolve(tool.module)
+                if cls is not None:
+                    classes[tool.name] = cls
         # The visit tool's extractor may share the model server, and only then
         # its key and URL credentials (see SharedEndpoint).
         extractor = SharedEndpoint(
@@ -561,21 +547,16 @@ class Pipe:
         )
         # The admin's valves of the installed tools (Workspace → Tools).
         admin_valves = {
-            name: await registry_tool_valves(TOOL_MODULES[name]) for name in classes
+            tool.name: await registry_tool_valves(tool.module)
+            for tool in offered
+            if tool.module is not None and tool.name in classes
         }
+        chat = ChatFacts(request, user, tuple(files or ()))
         handlers: dict[str, Handler] = {}
-        parse_file = (
-            build_parse_file_handler(files, request, user)
-            if valves.PARSE_FILE_ENABLED
-            else None
-        )
-        if parse_file is not None:
-            handlers["parse_file"] = parse_file
-        python = (
-            await build_python_handler(request, user) if valves.PYTHON_ENABLED else None
-        )
-        if python is not None:
-            handlers["PythonInterpreter"] = python
+        for tool in offered:
+            handler = await tool.handler(chat) if tool.handler is not None else None
+            if handler is not None:
+                handlers[tool.name] = handler
         return Toolbox(
             classes,
             context,
@@ -585,7 +566,7 @@ class Pipe:
         )
 
 
-def _model_settings(valves: Pipe.Valves, api_key: str) -> ModelSettings:
+def _model_settings(valves: _Settings, api_key: str) -> ModelSettings:
     return ModelSettings(
         base_url=valves.API_BASE_URL,
         model=valves.MODEL_ID,

@@ -108,19 +108,22 @@ _MAX_RETRY_AFTER_SECONDS = 60.0
 
 # --- shared: tool_result (made from tools/shared/tool_result.py) ---
 class ToolResult(str):
-    """The text for the model, carrying whether the call worked.
+    """The text for the model, carrying whether the call worked and its sources.
 
     Open WebUI and the model see a plain string. The research pipe reads `ok`
     so a failed call shows as failed: the words alone cannot tell it (a page
-    may well begin with "Error").
+    may well begin with "Error"); and `sources`, the pages the call read, as
+    the `data` of Open WebUI source events, so it can number citations.
     """
 
     ok: bool
+    sources: tuple
 
-    def __new__(cls, text: str, *, ok: bool) -> "ToolResult":
+    def __new__(cls, text: str, *, ok: bool, sources: tuple = ()) -> "ToolResult":
         """Wrap ``text``; ``ok`` is False when the call produced nothing usable."""
         result = super().__new__(cls, text)
         result.ok = ok
+        result.sources = tuple(sources)
         return result
 
 
@@ -2830,8 +2833,18 @@ class Tools:
         await _emit(
             ctx.emitter, _status(f"Read {read} of {len(outcomes)} page(s)", done=True)
         )
+        # The pages read, in the order asked for (the source events the tool
+        # emitted as each page came in carry the same data).
+        first_asked: dict[str, str] = {}
+        for item in kept:
+            first_asked.setdefault(_normalize_url(item), item)
+        sources = [
+            _source_event(item, goal, outcomes[key])["data"]
+            for key, item in first_asked.items()
+            if outcomes[key].kind != "failed"
+        ]
         # A page read (even as a plain excerpt) makes the call a success.
-        return ToolResult(text.strip(), ok=read > 0)
+        return ToolResult(text.strip(), ok=read > 0, sources=tuple(sources))
 
 
 # Open WebUI 0.6 offers every callable attribute of `Tools` not named `__*` as a

@@ -497,15 +497,6 @@ def cache_tool_module(app: Any, tool_id: str, content: str, loaded: LoadedTool) 
     return False
 
 
-async def get_tool_module_from_cache(app: Any, tool_id: str) -> Any:
-    """The ``Tools()`` instance Open WebUI caches for ``tool_id``, or None."""
-    getter = _attr("open_webui.utils.plugin", "get_tool_module_from_cache")
-    if getter is None or app is None:
-        return None
-    result = await call(getter, _request_for(app), tool_id)
-    return result[0] if isinstance(result, tuple) and result else None
-
-
 # -- files -----------------------------------------------------------------------------
 
 

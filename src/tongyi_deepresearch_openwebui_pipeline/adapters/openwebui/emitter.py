@@ -4,8 +4,7 @@ Open WebUI hands the pipe ``__event_emitter__``; a failing emit (a closed
 socket, an old version) must never end a research run, so every emit goes
 through `SafeEmitter`. Tools get an `EventRelay` instead of the raw emitter:
 it forwards their status lines (a search's result URLs are shown by Open
-WebUI from those) and records the pages they read, so the pipe can number
-citations and list sources.
+WebUI from those).
 """
 
 from __future__ import annotations
@@ -14,8 +13,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
-
-from ...core.sources import SourceLedger
 
 log = logging.getLogger(__name__)
 
@@ -70,34 +67,24 @@ class SafeEmitter:
 
 
 class EventRelay:
-    """The ``__event_emitter__`` the pipe gives to tools."""
+    """The ``__event_emitter__`` the pipe gives to tools.
 
-    def __init__(
-        self,
-        emit: SafeEmitter,
-        ledger: SourceLedger,
-        reader: int = 0,
-        status_prefix: str = "",
-    ) -> None:
-        """Forward to ``emit``; record sources into ``ledger``.
+    Their status lines go on to the chat (Open WebUI shows a search's result
+    URLs from them). Their source events do not: the pages a tool read come
+    back in its result (``ToolResult.sources``), where the run engine numbers
+    them once for the run; a tool emits them too only for use on its own.
+    """
 
-        In a heavy run each rollout has its own relay: ``reader`` is the
-        rollout (recorded with the pages it reads) and ``status_prefix`` names
-        it in the tools' status lines.
-        """
+    def __init__(self, emit: SafeEmitter, status_prefix: str = "") -> None:
+        """Forward to ``emit``; in a heavy run, name the rollout in statuses."""
         self._emit = emit
-        self._ledger = ledger
-        self._reader = reader
         self._prefix = status_prefix
 
     async def __call__(self, event: dict[str, Any]) -> None:
         """Receive one event from a tool."""
         kind = event.get("type")
         data = event.get("data") or {}
-        if kind in ("source", "citation") and isinstance(data, dict):
-            source_event = self._ledger.add_read_page(data, self._reader)
-            if source_event is not None:
-                await self._emit(source_event)
+        if kind in ("source", "citation"):
             return
         if kind == "status" and isinstance(data, dict):
             # A tool's own "done" must not end the pipe's status shimmer.

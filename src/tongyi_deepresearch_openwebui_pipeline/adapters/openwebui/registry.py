@@ -424,29 +424,6 @@ def _record_outcome(
             state.finished |= set(ids)  # give up; the package imports still work
 
 
-# -- the resolver's registry strategy --------------------------------------------------
-
-
-async def registry_tool_class(spec: ToolModule) -> type | None:
-    """The ``Tools`` class of the installed registry tool, via Open WebUI's loader.
-
-    Used by `ToolResolver` as its last strategy (registry_lookup=…).
-    """
-    if await compat.get_tool_by_id(spec.registry_id) is None:
-        return None
-    async with _load_lock():
-        instance = await compat.get_tool_module_from_cache(
-            compat.running_app(), spec.registry_id
-        )
-        if instance is None:
-            loaded = await compat.load_tool_module_by_id(spec.registry_id)
-            instance = loaded.instance if loaded is not None else None
-    if instance is None:
-        return None
-    cls = type(instance)
-    return cls if callable(getattr(cls, spec.method, None)) else None
-
-
 async def registry_tool_valves(spec: ToolModule) -> dict[str, Any]:
     """The admin's stored valves for the installed tool (empty when none)."""
     try:

@@ -11,8 +11,10 @@ overwritten by the yielded text on 0.12):
 - the answer: plain text, streamed token by token with citation numbers;
 - then the sources read and a collapsible research summary.
 
-Status lines (round n of N, what is being searched or read, tokens and cost)
-and sources go through the event emitter.
+Status lines (round n of N, what is being searched or read, tokens and cost),
+sources and notifications are event payloads for the emitter. Rendering is
+pure: `render(event)` returns a `Rendered` (the text to yield and the payloads
+to emit) and the pipe, the only part that does I/O, yields and emits them.
 
 Nothing the model or a page writes can forge this markup: reasoning text gets
 a zero-width space after every ``<`` and ``◁`` (so ``</think>`` or
@@ -42,6 +44,7 @@ from ...core.events import (
     RunEvent,
     RunFinished,
     RunStats,
+    SourcesAdded,
     SynthesisStarted,
     ThinkingDelta,
     ToolCallFinished,
@@ -50,11 +53,23 @@ from ...core.events import (
     WrappingUp,
 )
 from ...core.history import RESTART_NOTE
-from ...core.sources import CitationRewriter, SourceLedger
-from .emitter import SafeEmitter
+from ...core.sources import CitationRewriter, SourceLedger, source_event
 
 #: Longest tool result shown in a card (the model always gets all of it).
 CARD_RESULT_CHARS = 6000
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What one event shows: text for the chat, then event payloads to emit."""
+
+    text: str = ""
+    events: tuple[dict[str, Any], ...] = ()
+
+
+def status_payload(description: str, done: bool = False) -> dict[str, Any]:
+    """A status line, as Open WebUI's event emitter takes it."""
+    return {"type": "status", "data": {"description": description, "done": done}}
 
 
 @dataclass(frozen=True)
@@ -206,27 +221,26 @@ def sources_list(ledger: SourceLedger) -> str:
 
 
 class ChatRenderer:
-    """Turns events into yielded text and emitted events for one chat."""
+    """Turns events into yielded text and event payloads for one chat."""
 
     def __init__(
         self,
-        emit: SafeEmitter,
         ledger: SourceLedger,
         display: Display,
         *,
         status_prefix: str = "",
         nested: bool = False,
     ) -> None:
-        """Render into ``emit``, citing from ``ledger``.
+        """Render one run, citing from ``ledger``.
 
         A ``nested`` renderer shows one rollout of a heavy run: its end is
         the rollout's answer alone (no sources list, summary or final status),
         and its tool cards' ids start with ``status_prefix``'s rollout.
         """
-        self.emit = emit
         self.ledger = ledger
         self.display = display
         self.status_prefix = status_prefix
+        self._payloads: list[dict[str, Any]] = []
         self.nested = nested
         self._in_think = False
         self._answer_started = False
@@ -285,16 +299,25 @@ class ChatRenderer:
     def _prefix(self) -> str:
         return f"Round {self._round}/{self._max_rounds}"
 
-    async def render(self, event: RunEvent) -> str:
-        """Handle one event; return the text to yield ('' for none)."""
+    def render(self, event: RunEvent) -> Rendered:
+        """What one event shows: text to yield, payloads to emit (in that order)."""
+        self._payloads = []
         if isinstance(event, RolloutEvent | SynthesisStarted):
-            return ""  # a heavy run's: HeavyRenderer shows them
+            return Rendered()  # a heavy run's: HeavyRenderer shows them
+        if isinstance(event, SourcesAdded):
+            # In the order they are numbered: Open WebUI numbers them so too.
+            return Rendered(events=tuple(source_event(s) for s in event.sources))
         if isinstance(event, RunFinished):
-            return await self._finish(event)
-        status = self._status_for(event)
-        if status:
-            await self.emit.status(self.status_prefix + status)
-        return self._text_for(event)
+            text = self._finish(event)
+        else:
+            status = self._status_for(event)
+            if status:
+                self._status(self.status_prefix + status)
+            text = self._text_for(event)
+        return Rendered(text, tuple(self._payloads))
+
+    def _status(self, description: str, done: bool = False) -> None:
+        self._payloads.append(status_payload(description, done))
 
     def _text_for(self, event: Event) -> str:
         if isinstance(event, ModelRetrying):
@@ -348,7 +371,7 @@ class ChatRenderer:
             self.status_prefix
         )
 
-    async def _finish(self, event: RunFinished) -> str:
+    def _finish(self, event: RunFinished) -> str:
         out = self._close_think()
         if event.answer and not self._answer_started:
             out += self._answer(event.answer)
@@ -359,7 +382,12 @@ class ChatRenderer:
             out += f"\n\n> ⚠️ {markdown_text(warning)}\n"
         if event.reason == "error":
             out += f"\n\n> ⚠️ **The research stopped:** {event.error}\n"
-            await self.emit.notify("error", event.error)
+            self._payloads.append(
+                {
+                    "type": "notification",
+                    "data": {"type": "error", "content": event.error},
+                }
+            )
         elif not event.answer:
             out += (
                 "\n\n> ⚠️ The model ended without a final answer "
@@ -373,7 +401,7 @@ class ChatRenderer:
         usage = _tokens(
             event.stats.prompt_tokens, event.stats.completion_tokens, event.stats.cost
         )
-        await self.emit.status(
+        self._status(
             f"Done: {TERMINATION_TEXT[event.reason]} · {event.stats.rounds} rounds · "
             f"{len(self.ledger)} sources · {usage}",
             done=True,
@@ -421,34 +449,30 @@ class HeavyRenderer:
     all rollouts and the research summary with every rollout's figures.
     """
 
-    def __init__(
-        self, emit: SafeEmitter, ledger: SourceLedger, display: Display
-    ) -> None:
-        """Render into ``emit``, citing from the run's one ``ledger``."""
-        self.emit = emit
+    def __init__(self, ledger: SourceLedger, display: Display) -> None:
+        """Render a heavy run, citing from the run's one ``ledger``."""
         self.ledger = ledger
         self.display = display
-        self.main = ChatRenderer(emit, ledger, display)
+        self.main = ChatRenderer(ledger, display)
         self._rollouts: dict[int, ChatRenderer] = {}
         self._shown: dict[int, list[str]] = {}
 
-    async def render(self, event: RunEvent) -> str:
-        """Handle one event; return the text to yield ('' for none)."""
+    def render(self, event: RunEvent) -> Rendered:
+        """What one event shows: text to yield, payloads to emit."""
         if isinstance(event, RolloutEvent):
-            return await self._rollout(event)
+            return self._rollout(event)
         if isinstance(event, SynthesisStarted):
             self.main.status_prefix = "Synthesis · "
-            await self.emit.status(
+            status = (
                 f"Synthesis · integrating the answers of {event.reports} of "
                 f"{event.rollouts} rollouts"
             )
-            return ""
-        return await self.main.render(event)
+            return Rendered(events=(status_payload(status),))
+        return self.main.render(event)
 
     def _renderer(self, rollout: int, rollouts: int) -> ChatRenderer:
         if rollout not in self._rollouts:
             self._rollouts[rollout] = ChatRenderer(
-                self.emit,
                 self.ledger,
                 replace(self.display, summary=False),
                 status_prefix=f"Rollout {rollout}/{rollouts} · ",
@@ -457,14 +481,14 @@ class HeavyRenderer:
             self._shown[rollout] = []
         return self._rollouts[rollout]
 
-    async def _rollout(self, event: RolloutEvent) -> str:
-        renderer = self._renderer(event.rollout, event.rollouts)
-        text = await renderer.render(event.event)
-        if text:
-            self._shown[event.rollout].append(text)
+    def _rollout(self, event: RolloutEvent) -> Rendered:
+        rendered = self._renderer(event.rollout, event.rollouts).render(event.event)
+        if rendered.text:
+            self._shown[event.rollout].append(rendered.text)
         if not isinstance(event.event, RunFinished):
-            return ""
-        return self._block(event.rollout, event.rollouts, event.event)
+            return Rendered(events=rendered.events)
+        block = self._block(event.rollout, event.rollouts, event.event)
+        return Rendered(block, rendered.events)
 
     def _block(self, rollout: int, rollouts: int, finished: RunFinished) -> str:
         """The finished rollout as one collapsible block."""

@@ -1,13 +1,13 @@
 """The tools the loop can call, found once and run per chat.
 
-The three tools are self-contained Open WebUI Tools modules. The pipe finds
-each module's ``Tools`` class with four strategies, in order, once per process
-(`ToolResolver`): the installed package, a plain module import, a module Open
-WebUI already loaded (``sys.modules``), and Open WebUI's tool registry. Each
-call gets a fresh ``Tools()`` whose valves are the admin's (when the tool is
-installed in Open WebUI). Where a tool's endpoint may be the pipe's own model
-server (the visit tool's extractor), `SharedEndpoint` fills it in, so a single
-API key in the pipe is enough, and hands the pipe's key only to that server.
+Each tool is defined once, in `catalog.CATALOG`. A tool that is a module of
+this package is found by importing it from the installed package (the pipe
+itself runs from it, so it is always there) and run as a fresh ``Tools()``
+per call, with the admin's valves when the tool is installed in Open WebUI;
+handlers (files, Jupyter) are built for the chat. Where a tool's endpoint may
+be the pipe's own model server (the visit tool's extractor), `SharedEndpoint`
+fills it in, so a single API key in the pipe is enough, and hands the pipe's
+key only to that server.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import asyncio
 import importlib
 import inspect
 import logging
-import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -25,34 +24,15 @@ from urllib.parse import urlsplit
 from ...core.events import ToolOutcome
 from ...core.toolcalls import ToolCall
 from .. import secrets
+from .catalog import Handler, ToolModule, call_tallies, tool_modules
+
+__all__ = ["TOOL_MODULES", "Handler", "ToolModule"]
 
 log = logging.getLogger(__name__)
 
 PACKAGE = "tongyi_deepresearch_openwebui_pipeline"
 
-
-@dataclass(frozen=True)
-class ToolModule:
-    """Where a model-facing tool lives."""
-
-    name: str
-    module: str
-    method: str
-    registry_id: str
-
-
-TOOL_MODULES: dict[str, ToolModule] = {
-    "search": ToolModule("search", "search_tool", "search", "deepresearch_search"),
-    "google_scholar": ToolModule(
-        "google_scholar", "scholar_tool", "google_scholar", "deepresearch_scholar"
-    ),
-    "visit": ToolModule("visit", "visit_tool", "visit", "deepresearch_visit"),
-}
-
-# Extra ways to find a Tools class (Open WebUI's registry), set by the adapter
-# that knows the running Open WebUI; each returns the class or None.
-RegistryLookup = Callable[[ToolModule], Awaitable[type | None]]
-Handler = Callable[[ToolCall], Awaitable[ToolOutcome]]
+TOOL_MODULES: dict[str, ToolModule] = tool_modules()
 
 
 def _tools_class(module: Any, method: str) -> type | None:
@@ -66,47 +46,20 @@ def _from_package(spec: ToolModule) -> type | None:
     try:
         module = importlib.import_module(f"{PACKAGE}.tools.{spec.module}")
     except ImportError:
+        log.warning("the %s tool module cannot be imported", spec.name, exc_info=True)
         return None
     return _tools_class(module, spec.method)
-
-
-def _from_plain_module(spec: ToolModule) -> type | None:
-    try:
-        module = importlib.import_module(spec.module)
-    except ImportError:
-        return None
-    return _tools_class(module, spec.method)
-
-
-def _from_loaded_modules(spec: ToolModule) -> type | None:
-    # Open WebUI registers loaded tools as ``tool_<id>`` (0.12 adds a suffix).
-    preferred = f"tool_{spec.registry_id}"
-    names = sorted(
-        (name for name in list(sys.modules) if name.startswith("tool_")),
-        key=lambda name: not name.startswith(preferred),
-    )
-    for name in names:
-        cls = _tools_class(sys.modules.get(name), spec.method)
-        if cls is not None:
-            return cls
-    return None
 
 
 class ToolResolver:
     """Finds each tool's class once per process (then serves it from cache)."""
 
-    def __init__(
-        self,
-        registry_lookup: RegistryLookup | None = None,
-        classes: Mapping[str, type | None] | None = None,
-    ) -> None:
-        """Optionally add Open WebUI's registry as the last strategy.
+    def __init__(self, classes: Mapping[str, type | None] | None = None) -> None:
+        """Find classes in the installed package.
 
         Args:
-            registry_lookup: The fourth strategy (Open WebUI's tool registry).
             classes: Known classes by tool name, used as resolved (a test seam).
         """
-        self._registry_lookup = registry_lookup
         self._cache: dict[str, type | None] = dict(classes or {})
         self._lock = asyncio.Lock()
 
@@ -116,21 +69,8 @@ class ToolResolver:
             return self._cache[spec.name]
         async with self._lock:
             if spec.name not in self._cache:
-                self._cache[spec.name] = await self._find(spec)
+                self._cache[spec.name] = _from_package(spec)
         return self._cache[spec.name]
-
-    async def _find(self, spec: ToolModule) -> type | None:
-        for strategy in (_from_package, _from_plain_module, _from_loaded_modules):
-            cls = strategy(spec)
-            if cls is not None:
-                return cls
-        if self._registry_lookup is not None:
-            try:
-                return await self._registry_lookup(spec)
-            except Exception as error:
-                log.info("tool registry lookup failed: %s", type(error).__name__)
-        log.warning("no Tools class found for %s", spec.name)
-        return None
 
 
 def _endpoint_identity(url: str) -> tuple[str, str, int | None, str] | None:
@@ -262,13 +202,14 @@ class Toolbox:
         """Run one validated call with a time limit."""
         try:
             async with asyncio.timeout(self._timeout):
-                return await self._dispatch(call)
+                outcome = await self._dispatch(call)
         except TimeoutError:
-            return ToolOutcome(
+            outcome = ToolOutcome(
                 f"Error: the {call.name} tool did not finish within "
                 f"{self._timeout:.0f} seconds. Try fewer queries or URLs.",
                 ok=False,
             )
+        return replace(outcome, counts=call_tallies(call.name, call.arguments))
 
     async def _dispatch(self, call: ToolCall) -> ToolOutcome:
         if call.name in self._handlers:
@@ -293,10 +234,20 @@ class Toolbox:
 def _outcome(result: Any) -> ToolOutcome:
     """What a tool returned, judged by the tool itself.
 
-    Our tools return a `str` that carries ``ok`` (their ``ToolResult``). A
-    result without it counts as a success: its words are the model's to read,
-    not ours to guess from (a page may well begin with "Error").
+    Our tools return a `str` that carries ``ok`` and ``sources`` (their
+    ``ToolResult``). A result without ``ok`` counts as a success: its words
+    are the model's to read, not ours to guess from (a page may well begin
+    with "Error").
     """
     ok = getattr(result, "ok", True)
+    sources = getattr(result, "sources", ())
     text = str.__str__(result) if isinstance(result, str) else str(result)
-    return ToolOutcome(text, ok=ok if isinstance(ok, bool) else True)
+    return ToolOutcome(
+        text,
+        ok=ok if isinstance(ok, bool) else True,
+        sources=tuple(
+            source
+            for source in (sources if isinstance(sources, tuple | list) else ())
+            if isinstance(source, dict)
+        ),
+    )

@@ -7,17 +7,20 @@
 
 
 class ToolResult(str):
-    """The text for the model, carrying whether the call worked.
+    """The text for the model, carrying whether the call worked and its sources.
 
     Open WebUI and the model see a plain string. The research pipe reads `ok`
     so a failed call shows as failed: the words alone cannot tell it (a page
-    may well begin with "Error").
+    may well begin with "Error"); and `sources`, the pages the call read, as
+    the `data` of Open WebUI source events, so it can number citations.
     """
 
     ok: bool
+    sources: tuple
 
-    def __new__(cls, text: str, *, ok: bool) -> "ToolResult":
+    def __new__(cls, text: str, *, ok: bool, sources: tuple = ()) -> "ToolResult":
         """Wrap ``text``; ``ok`` is False when the call produced nothing usable."""
         result = super().__new__(cls, text)
         result.ok = ok
+        result.sources = tuple(sources)
         return result
