@@ -11,6 +11,7 @@ import asyncio
 import datetime as dt
 import re
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -271,3 +272,57 @@ def test_the_reports_share_the_context_the_server_serves() -> None:
     # around them leave the reply its room.
     assert 3 * per_report / 3 + 2000 <= served - reply
     assert per_report > 5000  # and still say something
+
+
+# -- the engine alone, as a headless front end would use it -------------------------
+
+
+class ScriptedPort:
+    """A model port in process: each call streams the next scripted content."""
+
+    def __init__(self, *contents: str) -> None:
+        self.contents = list(contents)
+
+    async def stream(self, messages: list[dict[str, Any]]) -> AsyncIterator[Any]:
+        from tongyi_deepresearch_openwebui_pipeline.core.events import ModelDelta
+
+        yield ModelDelta(content=self.contents.pop(0))
+
+
+class PageTools:
+    """A tool port whose visit returns the page it read as a source."""
+
+    def available(self) -> list[str]:
+        return ["visit"]
+
+    async def run(self, call: Any) -> Any:
+        from tongyi_deepresearch_openwebui_pipeline.core.events import ToolOutcome
+
+        url = call.arguments["url"][0]
+        source = {"source": {"name": "Page", "url": url}, "document": ["It is 42."]}
+        return ToolOutcome("It is 42.", sources=(source,))
+
+
+async def test_the_engine_runs_a_plan_without_any_front_end() -> None:
+    from tongyi_deepresearch_openwebui_pipeline.core.events import SourcesAdded
+
+    url = "https://example.org/answer"
+    plan = runs.RunPlan(
+        messages=[{"role": "system", "content": "s"}, *QUESTION],
+        limits=runs.Limits(max_rounds=5),
+        today=dt.date(2026, 11, 24),
+    )
+    model = ScriptedPort(
+        tool_call("visit", {"url": [url], "goal": "the answer"}),
+        answer(f"42 ({url})."),
+    )
+    ledger = SourceLedger()
+    events = [
+        e async for e in runs.research(plan, model, lambda _k: PageTools(), ledger)
+    ]
+    added = [e for e in events if isinstance(e, SourcesAdded)]
+    assert [[s.url for s in e.sources] for e in added] == [[url]]
+    end = events[-1]
+    assert isinstance(end, RunFinished) and end.answer == f"42 ({url})."
+    assert [s.number for s in end.sources] == [1]
+    assert end.stats.tool_calls == 1

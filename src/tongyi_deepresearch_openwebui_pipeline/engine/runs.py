@@ -79,6 +79,41 @@ class HeavySettings:
     synthesis_reserve: float = 0.15
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """What to run: the conversation, its budgets, and the run's shape.
+
+    Every front end (the Open WebUI pipe, a headless runner) builds one and
+    hands it to `research` with its ports.
+    """
+
+    #: The system prompt, then the chat (its last message the question).
+    messages: list[dict[str, Any]]
+    limits: Limits
+    today: dt.date
+    #: A heavy run's shape; None for a single run.
+    heavy: HeavySettings | None = None
+
+
+def research(
+    plan: RunPlan,
+    model: ModelPort,
+    tools_for: Callable[[int], ToolPort],
+    ledger: SourceLedger,
+) -> AsyncIterator[RunEvent]:
+    """Run `plan`: its events, ending with `RunFinished`.
+
+    `tools_for(k)` gives rollout k of a heavy run its tools (0: a single run).
+    """
+    if plan.heavy is None:
+        state = RunState(messages=list(plan.messages), started=time.monotonic())
+        return single_run(state, model, tools_for(0), plan.limits, ledger)
+    heavy = HeavyRun(
+        plan.messages, model, tools_for, ledger, plan.limits, plan.heavy, plan.today
+    )
+    return heavy.run()
+
+
 async def single_run(
     state: RunState,
     model: ModelPort,

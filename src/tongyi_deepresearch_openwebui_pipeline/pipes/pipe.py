@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -50,7 +49,7 @@ from ..adapters.openwebui.toolbox import (
     ToolResolver,
 )
 from ..core.history import remove_injected_context, split_conversation
-from ..core.loop import Limits, RunState
+from ..core.loop import Limits
 from ..core.prompts import system_prompt_with
 from ..core.sources import SourceLedger
 from ..core.tasks import (
@@ -60,7 +59,7 @@ from ..core.tasks import (
     task_messages,
     task_reply,
 )
-from ..engine.runs import HeavyRun, HeavySettings, single_run
+from ..engine.runs import HeavySettings, RunPlan, research
 
 log = logging.getLogger(__name__)
 
@@ -462,10 +461,6 @@ class Pipe:
         offered = set(toolbox.available())
         lines = [tool.prompt_line for tool in CATALOG if tool.name in offered]
         system = system_prompt_with(lines, _today(metadata), preamble)
-        state = RunState(
-            messages=[{"role": "system", "content": system}, *turns],
-            started=time.monotonic(),
-        )
         rollouts = valves.HEAVY_ROLLOUTS
         await emit.status(
             f"Starting heavy research: {rollouts} rollouts…"
@@ -486,23 +481,24 @@ class Pipe:
                 max_output_tokens=valves.MAX_TOKENS,
             )
             model = OpenAIModelClient(settings, http)
-            if heavy:
 
-                def tools_for(rollout: int) -> Toolbox:
-                    prefix = f"Rollout {rollout}/{rollouts} · "
-                    return toolbox.with_emitter(EventRelay(emit, status_prefix=prefix))
+            def tools_for(rollout: int) -> Toolbox:
+                if not rollout:
+                    return toolbox
+                prefix = f"Rollout {rollout}/{rollouts} · "
+                return toolbox.with_emitter(EventRelay(emit, status_prefix=prefix))
 
-                events = HeavyRun(
-                    state.messages,
-                    model,
-                    tools_for,
-                    ledger,
-                    limits,
-                    HeavySettings(rollouts, valves.HEAVY_CONCURRENT_ROLLOUTS),
-                    _today(metadata),
-                ).run()
-            else:
-                events = single_run(state, model, toolbox, limits, ledger)
+            plan = RunPlan(
+                messages=[{"role": "system", "content": system}, *turns],
+                limits=limits,
+                today=_today(metadata),
+                heavy=(
+                    HeavySettings(rollouts, valves.HEAVY_CONCURRENT_ROLLOUTS)
+                    if heavy
+                    else None
+                ),
+            )
+            events = research(plan, model, tools_for, ledger)
             async for event in events:
                 rendered = renderer.render(event)
                 for payload in rendered.events:
