@@ -47,205 +47,22 @@ from pydantic import BaseModel, Field
 
 log = logging.getLogger(__name__)
 
-
-# One TLS context for the whole process. Building one loads the CA bundle:
-# ~30 ms on an idle machine, 100-300 ms under load, all of it blocking, so it
-# is built once, in a worker thread, and every call's client shares it.
-_SSL_CONTEXTS: list[ssl.SSLContext] = []
-_SSL_LOCK = threading.Lock()
-
-
-def _build_ssl_context() -> ssl.SSLContext:
-    """Create the shared context once (the lock makes concurrent first calls wait)."""
-    with _SSL_LOCK:
-        if not _SSL_CONTEXTS:
-            _SSL_CONTEXTS.append(httpx.create_ssl_context())
-        return _SSL_CONTEXTS[0]
-
-
-async def _ssl_context() -> ssl.SSLContext:
-    """The shared TLS context; only the first call waits for it."""
-    if _SSL_CONTEXTS:
-        return _SSL_CONTEXTS[0]
-    return await asyncio.to_thread(_build_ssl_context)
-
-
+# --- shared: search_common (made from tools/shared/search_common.py) ---
 Emitter = Callable[[dict], Awaitable[Any]]
 
+
 SEPARATOR = "\n=======\n"
-INVALID_REQUEST = (
-    "[google_scholar] Invalid request format: "
-    "Input must be a JSON object containing 'query' field"
-)
-TIMEOUT_TEXT = "Google Scholar Timeout, return None, Please try again later."
-WEB_PREFIX = "academic research: "
-BACKENDS = {
-    "openalex": "OpenAlex",
-    "semantic_scholar": "Semantic Scholar",
-    "arxiv": "arXiv",
-    "web": "web search",
-}
-FALLBACK_NOTE = (
-    "\n\nNote: the scholarly database ({name}) did not answer, so these are "
-    "general web search results instead of scholarly records."
-)
-WEB_DISABLED_TEXT = (
-    "Web search is not enabled in Open WebUI, so the google_scholar tool cannot "
-    "use it. An administrator can enable it in Admin Settings → Web Search."
-)
-WEB_UNCONFIGURED_TEXT = (
-    "Web search is not configured in Open WebUI (no working search engine is set "
-    "up), so the google_scholar tool cannot use it. An administrator can configure "
-    "it in Admin Settings → Web Search."
-)
-NO_WEB_TEXT = (
-    "Web search is not available to the google_scholar tool: it is running "
-    "outside Open WebUI and its SEARXNG_URL valve is empty."
-)
-# Backend answers are untrusted: at most this many bytes are read, counted on
-# the wire and again after decompression.
-MAX_RESPONSE_BYTES = 5_000_000
-# Larger answers are parsed in a worker thread: parsing a few MB of JSON or XML
-# and picking its records would hold the event loop for tenths of a second.
-INLINE_PARSE_BYTES = 200_000
-# Only the encodings `_Inflater` decodes with a bound (httpx would also offer
-# br/zstd when those packages are installed, decoded without a bound).
-ACCEPT_ENCODING = "gzip, deflate"
+
+
 MAX_URL_CHARS = 2_000
-SNIPPET_CHARS = 300
-WEB_SNIPPET_CHARS = 2_000
+
+
 TITLE_CHARS = 300
-NAME_CHARS = 200
+
+
+# Open WebUI raises e.g. "No SEARXNG_QUERY_URL found in environment variables"
+# or "No search engine API key found ..." when the engine lacks its settings.
 MISSING_CONFIG = re.compile(r"^No .*found", re.IGNORECASE)
-ATOM = {"a": "http://www.w3.org/2005/Atom", "arxiv": "http://arxiv.org/schemas/atom"}
-
-
-# --- shared: tool_result (made from tools/shared/tool_result.py) ---
-class ToolResult(str):
-    """The text for the model, carrying whether the call worked and its sources.
-
-    Open WebUI and the model see a plain string. The research pipe reads `ok`
-    so a failed call shows as failed: the words alone cannot tell it (a page
-    may well begin with "Error"); and `sources`, the pages the call read, as
-    the `data` of Open WebUI source events, so it can number citations.
-    """
-
-    ok: bool
-    sources: tuple
-
-    def __new__(cls, text: str, *, ok: bool, sources: tuple = ()) -> "ToolResult":
-        """Wrap ``text``; ``ok`` is False when the call produced nothing usable."""
-        result = super().__new__(cls, text)
-        result.ok = ok
-        result.sources = tuple(sources)
-        return result
-
-
-# --- end shared: tool_result ---
-
-
-@dataclass
-class _Paper:
-    """One scholarly record, as the formatter needs it."""
-
-    title: str
-    pdf: str = ""
-    page: str = ""
-    info: str = ""
-    year: str = ""
-    cited_by: int = 0
-    snippet: str = ""
-
-
-@dataclass
-class _Outcome:
-    """The text block of one query and the papers behind it."""
-
-    text: str
-    papers: list[_Paper] = field(default_factory=list)
-    error: bool = False
-
-
-class _BadURLError(ValueError):
-    """An API URL valve is not an http(s) URL."""
-
-
-class _TooLargeError(ValueError):
-    """A backend answer over MAX_RESPONSE_BYTES, on the wire or decompressed."""
-
-
-@dataclass(frozen=True)
-class _Endpoint:
-    """A backend URL without credentials, and the credentials as Basic auth."""
-
-    url: str
-    auth: httpx.BasicAuth | None = None
-
-
-T = TypeVar("T")
-
-
-class _WebUnavailableError(Exception):
-    """No web search engine can be used (the message says why)."""
-
-
-def _format_paper(idx: int, paper: _Paper) -> str:
-    """One record in the reference layout."""
-    link_info = f"pdfUrl: {paper.pdf}" if paper.pdf else "no available link"
-    text = f"{idx}. [{paper.title}]({link_info})"
-    if paper.info:
-        text += f"\npublicationInfo: {paper.info}"
-    if paper.year:
-        text += f"\nDate published: {paper.year}"
-    if paper.cited_by:
-        text += f"\ncitedBy: {paper.cited_by}"
-    text += "\n"
-    if paper.snippet:
-        text += f"\n{paper.snippet}"
-    return text
-
-
-def _format_block(query: str, papers: list[_Paper]) -> str:
-    """The reference text for one query (the model's query, never a prefix)."""
-    if not papers:
-        return f"No results found for '{query}'. Try with a more general query."
-    entries = "\n\n".join(_format_paper(i, p) for i, p in enumerate(papers, 1))
-    header = f"A Google scholar for '{query}' found {len(papers)} results:\n\n"
-    return header + "## Scholar Results\n" + entries
-
-
-def _normalise_queries(query: Any) -> list[str] | None:
-    """Distinct, stripped queries in input order; None when the input is invalid."""
-    if isinstance(query, str):
-        query = [query]
-    if not isinstance(query, list) or not all(isinstance(q, str) for q in query):
-        return None
-    return list(dict.fromkeys(q.strip() for q in query if q.strip())) or None
-
-
-def _text(value: Any) -> str:
-    """Whitespace-collapsed text ('' for None and non-text)."""
-    return " ".join(value.split()) if isinstance(value, str) else ""
-
-
-def _shorten(text: Any, limit: int = SNIPPET_CHARS) -> str:
-    """Cut at a word boundary, like a search snippet."""
-    text = _text(text)
-    if len(text) <= limit:
-        return text
-    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " …"
-
-
-def _dig(data: Any, *keys: str) -> Any:
-    """Nested dict lookup that tolerates missing levels."""
-    for key in keys:
-        data = data.get(key) if isinstance(data, dict) else None
-    return data
-
-
-def _list(value: Any) -> list:
-    """A list from a backend field ([] for anything else)."""
-    return value if isinstance(value, list) else []
 
 
 _NOT_IN_URL = re.compile(r"[\s\x00-\x1f\x7f]")
@@ -269,72 +86,118 @@ def _link(value: Any) -> str:
     return url if parts.scheme.lower() in {"http", "https"} and host else ""
 
 
-def _first_link(*candidates: Any) -> str:
-    """The first candidate that is a valid link ('' if none is)."""
-    return next((url for url in map(_link, candidates) if url), "")
+def _score(result: dict) -> float:
+    """A SearXNG score as a number; anything but a finite number counts as 0."""
+    value = result.get("score")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    try:
+        number = float(value)
+    except OverflowError:
+        return 0.0
+    return number if math.isfinite(number) else 0.0
 
 
-def _year(value: Any) -> str:
-    """A four-digit year from an int or a date-like string ('' otherwise)."""
-    if isinstance(value, bool):
-        return ""
-    if isinstance(value, int):
-        return str(value) if 1000 <= value <= 9999 else ""
-    found = re.match(r"[0-9]{4}", value.strip()) if isinstance(value, str) else None
-    return found.group(0) if found else ""
+async def _emit(emitter: Emitter | None, **data: Any) -> None:
+    """Send a status event; a failing emitter never stops the search."""
+    if emitter is None:
+        return
+    try:
+        sent = emitter({"type": "status", "data": data})
+        if inspect.isawaitable(sent):
+            await sent
+    except Exception as exc:  # the UI is optional
+        log.debug("status event failed: %s", type(exc).__name__)
 
 
-def _count(value: Any) -> int:
-    """A citation count (0 for anything but a sensible positive integer)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        return 0
-    return value if 0 < value < 10**15 else 0
-
-
-def _publication_info(authors: list[str], venue: str, year: str) -> str:
-    """'A One, B Two, C Three… - Venue, 2017', like Google Scholar's line."""
-    names = [a for a in authors if a]
-    who = ", ".join(_shorten(a, NAME_CHARS) for a in names[:3])
-    who += "…" if len(names) > 3 else ""
-    where = ", ".join(part for part in (venue, year) if part)
-    return " - ".join(part for part in (who, where) if part)
-
-
-def _paper(
-    title: Any,
-    *,
-    pdf: Any = "",
-    page: Any = "",
-    authors: list[Any] | None = None,
-    venue: Any = "",
-    year: Any = None,
-    cited: Any = 0,
-    abstract: Any = "",
-) -> _Paper:
-    """A record from raw API values (any of them may be missing or malformed)."""
-    year_text = _year(year)
-    names = [_text(a) for a in authors or []]
-    return _Paper(
-        title=_shorten(title, TITLE_CHARS),
-        pdf=_link(pdf),
-        page=_link(page),
-        info=_publication_info(names, _shorten(venue, NAME_CHARS), year_text),
-        year=year_text,
-        cited_by=_count(cited),
-        snippet=_shorten(abstract),
+def _import_openwebui() -> SimpleNamespace | None:
+    """Open WebUI's search pieces, or None outside Open WebUI (the test seam)."""
+    try:
+        from open_webui.routers import retrieval  # noqa: PLC0415
+    except ImportError:
+        return None
+    try:
+        from open_webui.models.config import Config  # noqa: PLC0415  (0.11+)
+    except ImportError:
+        Config = None  # noqa: N806
+    try:
+        from open_webui.models.users import UserModel  # noqa: PLC0415
+    except ImportError:
+        UserModel = None  # noqa: N806
+    return SimpleNamespace(
+        search_web=retrieval.search_web,
+        config_store=Config,
+        user_model=UserModel,
+        config_keys=getattr(retrieval, "RETRIEVAL_CONFIG_KEYS", None),
     )
 
 
-def _abstract(index: Any) -> str:
-    """Rebuild an OpenAlex abstract from its inverted index (word → positions)."""
-    if not isinstance(index, dict):
-        return ""
-    words: dict[int, str] = {}
-    for word, places in index.items():
-        for place in _list(places) if isinstance(word, str) else []:
-            if isinstance(place, int) and 0 <= place < 5000:
-                words[place] = word
-    return " ".join(words[i] for i in sorted(words))
+def _app_setting(app_config: Any, *names: str) -> Any:
+    """A 0.6/0.8 `app.state.config` value (its AppConfig may raise KeyError)."""
+    for name in names:
+        try:
+            return getattr(app_config, name)
+        except (AttributeError, KeyError):
+            continue
+    return None
+
+
+# --- end shared: search_common ---
+
+
+# --- shared: backend_http (made from tools/shared/backend_http.py) ---
+T = TypeVar("T")
+
+
+# One TLS context for the whole process. Building one loads the CA bundle:
+# ~30 ms on an idle machine, 100-300 ms under load, all of it blocking, so it
+# is built once, in a worker thread, and every call's client shares it.
+_SSL_CONTEXTS: list[ssl.SSLContext] = []
+
+
+_SSL_LOCK = threading.Lock()
+
+
+def _build_ssl_context() -> ssl.SSLContext:
+    """Create the shared context once (the lock makes concurrent first calls wait)."""
+    with _SSL_LOCK:
+        if not _SSL_CONTEXTS:
+            _SSL_CONTEXTS.append(httpx.create_ssl_context())
+        return _SSL_CONTEXTS[0]
+
+
+async def _ssl_context() -> ssl.SSLContext:
+    """The shared TLS context; only the first call waits for it."""
+    if _SSL_CONTEXTS:
+        return _SSL_CONTEXTS[0]
+    return await asyncio.to_thread(_build_ssl_context)
+
+
+# Backend answers are untrusted: at most this many bytes are read, counted on
+# the wire and again after decompression.
+MAX_RESPONSE_BYTES = 5_000_000
+
+
+# Larger answers are parsed in a worker thread: parsing a few MB of JSON (or
+# XML) and picking its records would hold the event loop for tenths of a second.
+INLINE_PARSE_BYTES = 200_000
+
+
+# Only the encodings `_Inflater` decodes with a bound (httpx would also offer
+# br/zstd when those packages are installed, decoded without a bound).
+ACCEPT_ENCODING = "gzip, deflate"
+
+
+class _TooLargeError(ValueError):
+    """A backend answer over MAX_RESPONSE_BYTES, on the wire or decompressed."""
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    """A backend URL without credentials, and the credentials as Basic auth."""
+
+    url: str
+    auth: httpx.BasicAuth | None = None
 
 
 def _split_credentials(parts: SplitResult) -> tuple[str, httpx.BasicAuth | None]:
@@ -348,29 +211,6 @@ def _split_credentials(parts: SplitResult) -> tuple[str, httpx.BasicAuth | None]
         return parts.netloc, None
     user, _, password = userinfo.partition(":")
     return host, httpx.BasicAuth(unquote(user), unquote(password))
-
-
-def _endpoint(url: str, *, default_path: str = "") -> _Endpoint | None:
-    """An admin-set http(s) URL without query and credentials (None if invalid)."""
-    try:
-        parts = urlsplit((url or "").strip())
-        valid = parts.scheme in {"http", "https"} and bool(parts.hostname)
-        _port = parts.port  # raises on a malformed port
-    except ValueError:
-        return None
-    if not valid:
-        return None
-    host, auth = _split_credentials(parts)
-    path = parts.path.rstrip("/") or default_path
-    return _Endpoint(urlunsplit((parts.scheme, host, path, "", "")), auth)
-
-
-def _base_url(url: str, suffix: str = "") -> _Endpoint:
-    """An API URL valve plus `suffix`; _BadURLError when it is not http(s)."""
-    endpoint = _endpoint(url)
-    if endpoint is None:
-        raise _BadURLError
-    return _Endpoint(endpoint.url + suffix, endpoint.auth)
 
 
 class _Inflater:
@@ -457,6 +297,255 @@ def _parse_json(body: bytes) -> Any:
     return json.loads(body)
 
 
+async def _parse_off_loop(body: bytes, parse: Callable[[bytes], T]) -> T:
+    """Run `parse(body)`; in a worker thread when the body is large."""
+    if len(body) <= INLINE_PARSE_BYTES:
+        return parse(body)
+    return await asyncio.to_thread(parse, body)
+
+
+# --- end shared: backend_http ---
+
+
+INVALID_REQUEST = (
+    "[google_scholar] Invalid request format: "
+    "Input must be a JSON object containing 'query' field"
+)
+TIMEOUT_TEXT = "Google Scholar Timeout, return None, Please try again later."
+WEB_PREFIX = "academic research: "
+BACKENDS = {
+    "openalex": "OpenAlex",
+    "semantic_scholar": "Semantic Scholar",
+    "arxiv": "arXiv",
+    "web": "web search",
+}
+FALLBACK_NOTE = (
+    "\n\nNote: the scholarly database ({name}) did not answer, so these are "
+    "general web search results instead of scholarly records."
+)
+WEB_DISABLED_TEXT = (
+    "Web search is not enabled in Open WebUI, so the google_scholar tool cannot "
+    "use it. An administrator can enable it in Admin Settings → Web Search."
+)
+WEB_UNCONFIGURED_TEXT = (
+    "Web search is not configured in Open WebUI (no working search engine is set "
+    "up), so the google_scholar tool cannot use it. An administrator can configure "
+    "it in Admin Settings → Web Search."
+)
+NO_WEB_TEXT = (
+    "Web search is not available to the google_scholar tool: it is running "
+    "outside Open WebUI and its SEARXNG_URL valve is empty."
+)
+SNIPPET_CHARS = 300
+WEB_SNIPPET_CHARS = 2_000
+NAME_CHARS = 200
+ATOM = {"a": "http://www.w3.org/2005/Atom", "arxiv": "http://arxiv.org/schemas/atom"}
+
+
+# --- shared: tool_result (made from tools/shared/tool_result.py) ---
+class ToolResult(str):
+    """The text for the model, carrying whether the call worked and its sources.
+
+    Open WebUI and the model see a plain string. The research pipe reads `ok`
+    so a failed call shows as failed: the words alone cannot tell it (a page
+    may well begin with "Error"); and `sources`, the pages the call read, as
+    the `data` of Open WebUI source events, so it can number citations.
+    """
+
+    ok: bool
+    sources: tuple
+
+    def __new__(cls, text: str, *, ok: bool, sources: tuple = ()) -> "ToolResult":
+        """Wrap ``text``; ``ok`` is False when the call produced nothing usable."""
+        result = super().__new__(cls, text)
+        result.ok = ok
+        result.sources = tuple(sources)
+        return result
+
+
+# --- end shared: tool_result ---
+
+
+@dataclass
+class _Paper:
+    """One scholarly record, as the formatter needs it."""
+
+    title: str
+    pdf: str = ""
+    page: str = ""
+    info: str = ""
+    year: str = ""
+    cited_by: int = 0
+    snippet: str = ""
+
+
+@dataclass
+class _Outcome:
+    """The text block of one query and the papers behind it."""
+
+    text: str
+    papers: list[_Paper] = field(default_factory=list)
+    error: bool = False
+
+
+class _BadURLError(ValueError):
+    """An API URL valve is not an http(s) URL."""
+
+
+class _WebUnavailableError(Exception):
+    """No web search engine can be used (the message says why)."""
+
+
+def _format_paper(idx: int, paper: _Paper) -> str:
+    """One record in the reference layout."""
+    link_info = f"pdfUrl: {paper.pdf}" if paper.pdf else "no available link"
+    text = f"{idx}. [{paper.title}]({link_info})"
+    if paper.info:
+        text += f"\npublicationInfo: {paper.info}"
+    if paper.year:
+        text += f"\nDate published: {paper.year}"
+    if paper.cited_by:
+        text += f"\ncitedBy: {paper.cited_by}"
+    text += "\n"
+    if paper.snippet:
+        text += f"\n{paper.snippet}"
+    return text
+
+
+def _format_block(query: str, papers: list[_Paper]) -> str:
+    """The reference text for one query (the model's query, never a prefix)."""
+    if not papers:
+        return f"No results found for '{query}'. Try with a more general query."
+    entries = "\n\n".join(_format_paper(i, p) for i, p in enumerate(papers, 1))
+    header = f"A Google scholar for '{query}' found {len(papers)} results:\n\n"
+    return header + "## Scholar Results\n" + entries
+
+
+def _normalise_queries(query: Any) -> list[str] | None:
+    """Distinct, stripped queries in input order; None when the input is invalid."""
+    if isinstance(query, str):
+        query = [query]
+    if not isinstance(query, list) or not all(isinstance(q, str) for q in query):
+        return None
+    return list(dict.fromkeys(q.strip() for q in query if q.strip())) or None
+
+
+def _text(value: Any) -> str:
+    """Whitespace-collapsed text ('' for None and non-text)."""
+    return " ".join(value.split()) if isinstance(value, str) else ""
+
+
+def _shorten(text: Any, limit: int = SNIPPET_CHARS) -> str:
+    """Cut at a word boundary, like a search snippet."""
+    text = _text(text)
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " …"
+
+
+def _dig(data: Any, *keys: str) -> Any:
+    """Nested dict lookup that tolerates missing levels."""
+    for key in keys:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
+
+
+def _list(value: Any) -> list:
+    """A list from a backend field ([] for anything else)."""
+    return value if isinstance(value, list) else []
+
+
+def _first_link(*candidates: Any) -> str:
+    """The first candidate that is a valid link ('' if none is)."""
+    return next((url for url in map(_link, candidates) if url), "")
+
+
+def _year(value: Any) -> str:
+    """A four-digit year from an int or a date-like string ('' otherwise)."""
+    if isinstance(value, bool):
+        return ""
+    if isinstance(value, int):
+        return str(value) if 1000 <= value <= 9999 else ""
+    found = re.match(r"[0-9]{4}", value.strip()) if isinstance(value, str) else None
+    return found.group(0) if found else ""
+
+
+def _count(value: Any) -> int:
+    """A citation count (0 for anything but a sensible positive integer)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return 0
+    return value if 0 < value < 10**15 else 0
+
+
+def _publication_info(authors: list[str], venue: str, year: str) -> str:
+    """'A One, B Two, C Three… - Venue, 2017', like Google Scholar's line."""
+    names = [a for a in authors if a]
+    who = ", ".join(_shorten(a, NAME_CHARS) for a in names[:3])
+    who += "…" if len(names) > 3 else ""
+    where = ", ".join(part for part in (venue, year) if part)
+    return " - ".join(part for part in (who, where) if part)
+
+
+def _paper(
+    title: Any,
+    *,
+    pdf: Any = "",
+    page: Any = "",
+    authors: list[Any] | None = None,
+    venue: Any = "",
+    year: Any = None,
+    cited: Any = 0,
+    abstract: Any = "",
+) -> _Paper:
+    """A record from raw API values (any of them may be missing or malformed)."""
+    year_text = _year(year)
+    names = [_text(a) for a in authors or []]
+    return _Paper(
+        title=_shorten(title, TITLE_CHARS),
+        pdf=_link(pdf),
+        page=_link(page),
+        info=_publication_info(names, _shorten(venue, NAME_CHARS), year_text),
+        year=year_text,
+        cited_by=_count(cited),
+        snippet=_shorten(abstract),
+    )
+
+
+def _abstract(index: Any) -> str:
+    """Rebuild an OpenAlex abstract from its inverted index (word → positions)."""
+    if not isinstance(index, dict):
+        return ""
+    words: dict[int, str] = {}
+    for word, places in index.items():
+        for place in _list(places) if isinstance(word, str) else []:
+            if isinstance(place, int) and 0 <= place < 5000:
+                words[place] = word
+    return " ".join(words[i] for i in sorted(words))
+
+
+def _endpoint(url: str, *, default_path: str = "") -> _Endpoint | None:
+    """An admin-set http(s) URL without query and credentials (None if invalid)."""
+    try:
+        parts = urlsplit((url or "").strip())
+        valid = parts.scheme in {"http", "https"} and bool(parts.hostname)
+        _port = parts.port  # raises on a malformed port
+    except ValueError:
+        return None
+    if not valid:
+        return None
+    host, auth = _split_credentials(parts)
+    path = parts.path.rstrip("/") or default_path
+    return _Endpoint(urlunsplit((parts.scheme, host, path, "", "")), auth)
+
+
+def _base_url(url: str, suffix: str = "") -> _Endpoint:
+    """An API URL valve plus `suffix`; _BadURLError when it is not http(s)."""
+    endpoint = _endpoint(url)
+    if endpoint is None:
+        raise _BadURLError
+    return _Endpoint(endpoint.url + suffix, endpoint.auth)
+
+
 class _UnsafeXMLError(ValueError):
     """The feed has a document type declaration (where entities are defined)."""
 
@@ -498,13 +587,6 @@ def _parse_feed(body: bytes) -> ET.Element:
         raise ValueError(f"malformed XML: {exc}") from None
     except AssertionError:  # TreeBuilder: an empty document
         raise ValueError("malformed XML") from None
-
-
-async def _parse_off_loop(body: bytes, parse: Callable[[bytes], T]) -> T:
-    """Run `parse(body)`; in a worker thread when the body is large."""
-    if len(body) <= INLINE_PARSE_BYTES:
-        return parse(body)
-    return await asyncio.to_thread(parse, body)
 
 
 def _titled(papers: list[_Paper], count: int) -> list[_Paper]:
@@ -649,38 +731,6 @@ SCHOLARLY = {
 }
 
 
-def _import_openwebui() -> SimpleNamespace | None:
-    """Open WebUI's search pieces, or None outside Open WebUI (the test seam)."""
-    try:
-        from open_webui.routers import retrieval  # noqa: PLC0415
-    except ImportError:
-        return None
-    try:
-        from open_webui.models.config import Config  # noqa: PLC0415  (0.11+)
-    except ImportError:
-        Config = None  # noqa: N806
-    try:
-        from open_webui.models.users import UserModel  # noqa: PLC0415
-    except ImportError:
-        UserModel = None  # noqa: N806
-    return SimpleNamespace(
-        search_web=retrieval.search_web,
-        config_store=Config,
-        user_model=UserModel,
-        config_keys=getattr(retrieval, "RETRIEVAL_CONFIG_KEYS", None),
-    )
-
-
-def _app_setting(app_config: Any, *names: str) -> Any:
-    """A 0.6/0.8 `app.state.config` value (its AppConfig may raise KeyError)."""
-    for name in names:
-        try:
-            return getattr(app_config, name)
-        except (AttributeError, KeyError):
-            continue
-    return None
-
-
 async def _openwebui_web(
     ow: SimpleNamespace, request: Any, user: dict | None, engine: str
 ) -> Callable[[str, int], Awaitable[list]]:
@@ -734,18 +784,6 @@ async def _openwebui_web(
         return list((await result if inspect.isawaitable(result) else result) or [])
 
     return run
-
-
-def _score(result: dict) -> float:
-    """A SearXNG score as a number; anything but a finite number counts as 0."""
-    value = result.get("score")
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return 0.0
-    try:
-        number = float(value)
-    except OverflowError:
-        return 0.0
-    return number if math.isfinite(number) else 0.0
 
 
 def _searxng_items(data: Any) -> list[dict]:
@@ -822,18 +860,6 @@ def _describe_failure(exc: BaseException) -> str:
     if isinstance(exc, ValueError | ET.ParseError | expat.ExpatError):
         return "the service sent an answer that could not be read"
     return f"unexpected error ({type(exc).__name__})"
-
-
-async def _emit(emitter: Emitter | None, **data: Any) -> None:
-    """Send a status event; a failing emitter never stops the search."""
-    if emitter is None:
-        return
-    try:
-        sent = emitter({"type": "status", "data": data})
-        if inspect.isawaitable(sent):
-            await sent
-    except Exception as exc:  # the UI is optional
-        log.debug("status event failed: %s", type(exc).__name__)
 
 
 def _positive(value: Any, default: int, ceiling: int = 1_000) -> int:

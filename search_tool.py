@@ -49,201 +49,22 @@ from pydantic import BaseModel, Field
 
 log = logging.getLogger(__name__)
 
+# --- shared: search_common (made from tools/shared/search_common.py) ---
 Emitter = Callable[[dict], Awaitable[Any]]
 
+
 SEPARATOR = "\n=======\n"
-INVALID_REQUEST = (
-    "[Search] Invalid request format: "
-    "Input must be a JSON object containing 'query' field"
-)
-TIMEOUT_TEXT = "Google search Timeout, return None, Please try again later."
-VIDEO_TEXT = "Your browser can't play this video."
-DISABLED_TEXT = (
-    "Web search is not enabled in Open WebUI, so the search tool cannot run. "
-    "An administrator can enable and configure it in Admin Settings → Web Search. "
-    "Continue with what you already know or with other tools."
-)
-UNCONFIGURED_TEXT = (
-    "Web search is not configured in Open WebUI (no working search engine is set "
-    "up), so the search tool cannot run. An administrator can configure it in "
-    "Admin Settings → Web Search. Continue with what you already know or with "
-    "other tools."
-)
-NO_BACKEND_TEXT = (
-    "Web search is not available: the search tool is running outside Open WebUI "
-    "and its SEARXNG_URL valve is empty. Set SEARXNG_URL to a SearXNG instance "
-    "with the JSON output format enabled."
-)
-BAD_SEARXNG_URL_TEXT = (
-    "Web search is not available: the SEARXNG_URL valve of the search tool is "
-    "not a valid http(s) URL."
-)
-SETTINGS_FAILED_TEXT = (
-    "Web search failed: Open WebUI's web search settings could not be read. "
-    "Please try again later."
-)
-# Backend answers are untrusted: at most this many bytes are read, counted on
-# the wire and again after decompression.
-MAX_RESPONSE_BYTES = 5_000_000
-# Larger answers are parsed in a worker thread: parsing a few MB of JSON and
-# ranking its results would hold the event loop for tenths of a second.
-INLINE_PARSE_BYTES = 200_000
-# Only the encodings `_Inflater` decodes with a bound (httpx would also offer
-# br/zstd when those packages are installed, decoded without a bound).
-ACCEPT_ENCODING = "gzip, deflate"
+
+
 MAX_URL_CHARS = 2_000
+
+
 TITLE_CHARS = 300
-SNIPPET_CHARS = 2_000
-DATE_CHARS = 64
+
+
 # Open WebUI raises e.g. "No SEARXNG_QUERY_URL found in environment variables"
 # or "No search engine API key found ..." when the engine lacks its settings.
 MISSING_CONFIG = re.compile(r"^No .*found", re.IGNORECASE)
-
-
-# --- shared: tool_result (made from tools/shared/tool_result.py) ---
-class ToolResult(str):
-    """The text for the model, carrying whether the call worked and its sources.
-
-    Open WebUI and the model see a plain string. The research pipe reads `ok`
-    so a failed call shows as failed: the words alone cannot tell it (a page
-    may well begin with "Error"); and `sources`, the pages the call read, as
-    the `data` of Open WebUI source events, so it can number citations.
-    """
-
-    ok: bool
-    sources: tuple
-
-    def __new__(cls, text: str, *, ok: bool, sources: tuple = ()) -> "ToolResult":
-        """Wrap ``text``; ``ok`` is False when the call produced nothing usable."""
-        result = super().__new__(cls, text)
-        result.ok = ok
-        result.sources = tuple(sources)
-        return result
-
-
-# --- end shared: tool_result ---
-
-
-@dataclass
-class _Hit:
-    """One search result, as the formatter needs it."""
-
-    title: str
-    link: str
-    snippet: str = ""
-    date: str = ""
-    source: str = ""
-
-
-@dataclass
-class _Outcome:
-    """What one query produced: the text block and the hits behind it."""
-
-    text: str
-    hits: list[_Hit] = field(default_factory=list)
-    error: bool = False
-    unconfigured: bool = False
-
-
-Backend = Callable[[httpx.AsyncClient, str, int], Awaitable[list[_Hit]]]
-T = TypeVar("T")
-
-
-class _UnconfiguredError(Exception):
-    """Open WebUI has no usable web search engine."""
-
-
-class _TooLargeError(ValueError):
-    """A backend answer over MAX_RESPONSE_BYTES, on the wire or decompressed."""
-
-
-@dataclass(frozen=True)
-class _Endpoint:
-    """A backend URL without credentials, and the credentials as Basic auth."""
-
-    url: str
-    auth: httpx.BasicAuth | None = None
-
-
-# One TLS context for the whole process. Building one loads the CA bundle:
-# ~30 ms on an idle machine, 100-300 ms under load, all of it blocking, so it
-# is built once, in a worker thread, and every call's client shares it.
-_SSL_CONTEXTS: list[ssl.SSLContext] = []
-_SSL_LOCK = threading.Lock()
-
-
-def _build_ssl_context() -> ssl.SSLContext:
-    """Create the shared context once (the lock makes concurrent first calls wait)."""
-    with _SSL_LOCK:
-        if not _SSL_CONTEXTS:
-            _SSL_CONTEXTS.append(httpx.create_ssl_context())
-        return _SSL_CONTEXTS[0]
-
-
-async def _ssl_context() -> ssl.SSLContext:
-    """The shared TLS context; only the first call waits for it."""
-    if _SSL_CONTEXTS:
-        return _SSL_CONTEXTS[0]
-    return await asyncio.to_thread(_build_ssl_context)
-
-
-def _format_hit(idx: int, hit: _Hit) -> str:
-    """One result in the reference layout (blank line before the snippet)."""
-    text = f"{idx}. [{hit.title}]({hit.link})"
-    if hit.date:
-        text += f"\nDate published: {hit.date}"
-    if hit.source:
-        text += f"\nSource: {hit.source}"
-    text += "\n"
-    if hit.snippet:
-        text += f"\n{hit.snippet}"
-    return text.replace(VIDEO_TEXT, "")
-
-
-def _format_block(query: str, hits: list[_Hit]) -> str:
-    """The reference text for one query."""
-    if not hits:
-        return f"No results found for '{query}'. Try with a more general query."
-    entries = "\n\n".join(_format_hit(i, hit) for i, hit in enumerate(hits, 1))
-    header = f"A Google search for '{query}' found {len(hits)} results:\n\n"
-    return header + "## Web Results\n" + entries
-
-
-def _normalise_queries(query: Any) -> list[str] | None:
-    """Distinct, stripped queries in input order; None when the input is invalid."""
-    if isinstance(query, str):
-        query = [query]
-    if not isinstance(query, list) or not all(isinstance(q, str) for q in query):
-        return None
-    queries = list(dict.fromkeys(q.strip() for q in query if q.strip()))
-    return queries or None
-
-
-def _skipped_note(skipped: list[str], limit: int) -> str:
-    """Model-facing note naming the queries that were over the per-call limit."""
-    names = ", ".join(f"'{q}'" for q in skipped)
-    return (
-        f"\n\nNote: only the first {limit} queries of this call were searched "
-        f"(limit per call). Not searched: {names}. "
-        "Call the tool again with these queries if you still need them."
-    )
-
-
-def _clean(value: Any) -> str:
-    """A result field as text ('' for None and non-text)."""
-    return value.strip() if isinstance(value, str) else ""
-
-
-def _field(item: Any, name: str) -> Any:
-    """Read a field from a dict or an object (Open WebUI's SearchResult)."""
-    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
-
-
-def _cut(text: str, limit: int) -> str:
-    """Text of at most about `limit` characters, cut at a word."""
-    if len(text) <= limit:
-        return text
-    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " …"
 
 
 _NOT_IN_URL = re.compile(r"[\s\x00-\x1f\x7f]")
@@ -267,41 +88,118 @@ def _link(value: Any) -> str:
     return url if parts.scheme.lower() in {"http", "https"} and host else ""
 
 
-def _make_hit(title: Any, link: Any, snippet: Any, date: Any = "") -> _Hit | None:
-    """A hit from raw fields; None without a valid link (nothing to cite or visit)."""
-    url = _link(link)
-    if not url:
-        return None
-    # A line break inside the title would break the markdown link.
-    name = _cut(" ".join(_clean(title).split()), TITLE_CHARS) or url
-    return _Hit(name, url, _cut(_clean(snippet), SNIPPET_CHARS), _format_date(date))
-
-
-def _hits(results: list, count: int, fields: Callable[[Any], tuple]) -> list[_Hit]:
-    """The first `count` valid hits; a result whose fields cannot be read is skipped."""
-    hits: list[_Hit] = []
-    for item in results:
-        if len(hits) >= count:
-            break
-        try:
-            hit = _make_hit(*fields(item))
-        except Exception:  # noqa: S112  (an odd result object)
-            continue
-        if hit:
-            hits.append(hit)
-    return hits
-
-
-def _format_date(value: Any) -> str:
-    """'May 19, 2025' like Google's result dates; unknown formats kept as text."""
-    text = " ".join(_clean(value).split())  # a line break would forge a line
-    if not text or len(text) > DATE_CHARS:
-        return ""
+def _score(result: dict) -> float:
+    """A SearXNG score as a number; anything but a finite number counts as 0."""
+    value = result.get("score")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
     try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return text
-    return f"{moment:%b} {moment.day}, {moment.year}"
+        number = float(value)
+    except OverflowError:
+        return 0.0
+    return number if math.isfinite(number) else 0.0
+
+
+async def _emit(emitter: Emitter | None, **data: Any) -> None:
+    """Send a status event; a failing emitter never stops the search."""
+    if emitter is None:
+        return
+    try:
+        sent = emitter({"type": "status", "data": data})
+        if inspect.isawaitable(sent):
+            await sent
+    except Exception as exc:  # the UI is optional
+        log.debug("status event failed: %s", type(exc).__name__)
+
+
+def _import_openwebui() -> SimpleNamespace | None:
+    """Open WebUI's search pieces, or None outside Open WebUI (the test seam)."""
+    try:
+        from open_webui.routers import retrieval  # noqa: PLC0415
+    except ImportError:
+        return None
+    try:
+        from open_webui.models.config import Config  # noqa: PLC0415  (0.11+)
+    except ImportError:
+        Config = None  # noqa: N806
+    try:
+        from open_webui.models.users import UserModel  # noqa: PLC0415
+    except ImportError:
+        UserModel = None  # noqa: N806
+    return SimpleNamespace(
+        search_web=retrieval.search_web,
+        config_store=Config,
+        user_model=UserModel,
+        config_keys=getattr(retrieval, "RETRIEVAL_CONFIG_KEYS", None),
+    )
+
+
+def _app_setting(app_config: Any, *names: str) -> Any:
+    """A 0.6/0.8 `app.state.config` value (its AppConfig may raise KeyError)."""
+    for name in names:
+        try:
+            return getattr(app_config, name)
+        except (AttributeError, KeyError):
+            continue
+    return None
+
+
+# --- end shared: search_common ---
+
+
+# --- shared: backend_http (made from tools/shared/backend_http.py) ---
+T = TypeVar("T")
+
+
+# One TLS context for the whole process. Building one loads the CA bundle:
+# ~30 ms on an idle machine, 100-300 ms under load, all of it blocking, so it
+# is built once, in a worker thread, and every call's client shares it.
+_SSL_CONTEXTS: list[ssl.SSLContext] = []
+
+
+_SSL_LOCK = threading.Lock()
+
+
+def _build_ssl_context() -> ssl.SSLContext:
+    """Create the shared context once (the lock makes concurrent first calls wait)."""
+    with _SSL_LOCK:
+        if not _SSL_CONTEXTS:
+            _SSL_CONTEXTS.append(httpx.create_ssl_context())
+        return _SSL_CONTEXTS[0]
+
+
+async def _ssl_context() -> ssl.SSLContext:
+    """The shared TLS context; only the first call waits for it."""
+    if _SSL_CONTEXTS:
+        return _SSL_CONTEXTS[0]
+    return await asyncio.to_thread(_build_ssl_context)
+
+
+# Backend answers are untrusted: at most this many bytes are read, counted on
+# the wire and again after decompression.
+MAX_RESPONSE_BYTES = 5_000_000
+
+
+# Larger answers are parsed in a worker thread: parsing a few MB of JSON (or
+# XML) and picking its records would hold the event loop for tenths of a second.
+INLINE_PARSE_BYTES = 200_000
+
+
+# Only the encodings `_Inflater` decodes with a bound (httpx would also offer
+# br/zstd when those packages are installed, decoded without a bound).
+ACCEPT_ENCODING = "gzip, deflate"
+
+
+class _TooLargeError(ValueError):
+    """A backend answer over MAX_RESPONSE_BYTES, on the wire or decompressed."""
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    """A backend URL without credentials, and the credentials as Basic auth."""
+
+    url: str
+    auth: httpx.BasicAuth | None = None
 
 
 def _split_credentials(parts: SplitResult) -> tuple[str, httpx.BasicAuth | None]:
@@ -315,20 +213,6 @@ def _split_credentials(parts: SplitResult) -> tuple[str, httpx.BasicAuth | None]
         return parts.netloc, None
     user, _, password = userinfo.partition(":")
     return host, httpx.BasicAuth(unquote(user), unquote(password))
-
-
-def _searxng_endpoint(url: str) -> _Endpoint | None:
-    """The SearXNG search URL without a query (legacy '?q=<query>' dropped)."""
-    try:
-        parts = urlsplit(url.strip())
-        valid = parts.scheme in {"http", "https"} and bool(parts.hostname)
-        _port = parts.port  # raises on a malformed port
-    except ValueError:
-        return None
-    if not valid:
-        return None
-    host, auth = _split_credentials(parts)
-    return _Endpoint(urlunsplit((parts.scheme, host, parts.path or "/", "", "")), auth)
 
 
 class _Inflater:
@@ -422,16 +306,203 @@ async def _parse_off_loop(body: bytes, parse: Callable[[bytes], T]) -> T:
     return await asyncio.to_thread(parse, body)
 
 
-def _score(result: dict) -> float:
-    """A SearXNG score as a number; anything but a finite number counts as 0."""
-    value = result.get("score")
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return 0.0
+# --- end shared: backend_http ---
+
+
+INVALID_REQUEST = (
+    "[Search] Invalid request format: "
+    "Input must be a JSON object containing 'query' field"
+)
+TIMEOUT_TEXT = "Google search Timeout, return None, Please try again later."
+VIDEO_TEXT = "Your browser can't play this video."
+DISABLED_TEXT = (
+    "Web search is not enabled in Open WebUI, so the search tool cannot run. "
+    "An administrator can enable and configure it in Admin Settings → Web Search. "
+    "Continue with what you already know or with other tools."
+)
+UNCONFIGURED_TEXT = (
+    "Web search is not configured in Open WebUI (no working search engine is set "
+    "up), so the search tool cannot run. An administrator can configure it in "
+    "Admin Settings → Web Search. Continue with what you already know or with "
+    "other tools."
+)
+NO_BACKEND_TEXT = (
+    "Web search is not available: the search tool is running outside Open WebUI "
+    "and its SEARXNG_URL valve is empty. Set SEARXNG_URL to a SearXNG instance "
+    "with the JSON output format enabled."
+)
+BAD_SEARXNG_URL_TEXT = (
+    "Web search is not available: the SEARXNG_URL valve of the search tool is "
+    "not a valid http(s) URL."
+)
+SETTINGS_FAILED_TEXT = (
+    "Web search failed: Open WebUI's web search settings could not be read. "
+    "Please try again later."
+)
+SNIPPET_CHARS = 2_000
+DATE_CHARS = 64
+
+
+# --- shared: tool_result (made from tools/shared/tool_result.py) ---
+class ToolResult(str):
+    """The text for the model, carrying whether the call worked and its sources.
+
+    Open WebUI and the model see a plain string. The research pipe reads `ok`
+    so a failed call shows as failed: the words alone cannot tell it (a page
+    may well begin with "Error"); and `sources`, the pages the call read, as
+    the `data` of Open WebUI source events, so it can number citations.
+    """
+
+    ok: bool
+    sources: tuple
+
+    def __new__(cls, text: str, *, ok: bool, sources: tuple = ()) -> "ToolResult":
+        """Wrap ``text``; ``ok`` is False when the call produced nothing usable."""
+        result = super().__new__(cls, text)
+        result.ok = ok
+        result.sources = tuple(sources)
+        return result
+
+
+# --- end shared: tool_result ---
+
+
+@dataclass
+class _Hit:
+    """One search result, as the formatter needs it."""
+
+    title: str
+    link: str
+    snippet: str = ""
+    date: str = ""
+    source: str = ""
+
+
+@dataclass
+class _Outcome:
+    """What one query produced: the text block and the hits behind it."""
+
+    text: str
+    hits: list[_Hit] = field(default_factory=list)
+    error: bool = False
+    unconfigured: bool = False
+
+
+Backend = Callable[[httpx.AsyncClient, str, int], Awaitable[list[_Hit]]]
+
+
+class _UnconfiguredError(Exception):
+    """Open WebUI has no usable web search engine."""
+
+
+def _format_hit(idx: int, hit: _Hit) -> str:
+    """One result in the reference layout (blank line before the snippet)."""
+    text = f"{idx}. [{hit.title}]({hit.link})"
+    if hit.date:
+        text += f"\nDate published: {hit.date}"
+    if hit.source:
+        text += f"\nSource: {hit.source}"
+    text += "\n"
+    if hit.snippet:
+        text += f"\n{hit.snippet}"
+    return text.replace(VIDEO_TEXT, "")
+
+
+def _format_block(query: str, hits: list[_Hit]) -> str:
+    """The reference text for one query."""
+    if not hits:
+        return f"No results found for '{query}'. Try with a more general query."
+    entries = "\n\n".join(_format_hit(i, hit) for i, hit in enumerate(hits, 1))
+    header = f"A Google search for '{query}' found {len(hits)} results:\n\n"
+    return header + "## Web Results\n" + entries
+
+
+def _normalise_queries(query: Any) -> list[str] | None:
+    """Distinct, stripped queries in input order; None when the input is invalid."""
+    if isinstance(query, str):
+        query = [query]
+    if not isinstance(query, list) or not all(isinstance(q, str) for q in query):
+        return None
+    queries = list(dict.fromkeys(q.strip() for q in query if q.strip()))
+    return queries or None
+
+
+def _skipped_note(skipped: list[str], limit: int) -> str:
+    """Model-facing note naming the queries that were over the per-call limit."""
+    names = ", ".join(f"'{q}'" for q in skipped)
+    return (
+        f"\n\nNote: only the first {limit} queries of this call were searched "
+        f"(limit per call). Not searched: {names}. "
+        "Call the tool again with these queries if you still need them."
+    )
+
+
+def _clean(value: Any) -> str:
+    """A result field as text ('' for None and non-text)."""
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _field(item: Any, name: str) -> Any:
+    """Read a field from a dict or an object (Open WebUI's SearchResult)."""
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
+
+
+def _cut(text: str, limit: int) -> str:
+    """Text of at most about `limit` characters, cut at a word."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " …"
+
+
+def _make_hit(title: Any, link: Any, snippet: Any, date: Any = "") -> _Hit | None:
+    """A hit from raw fields; None without a valid link (nothing to cite or visit)."""
+    url = _link(link)
+    if not url:
+        return None
+    # A line break inside the title would break the markdown link.
+    name = _cut(" ".join(_clean(title).split()), TITLE_CHARS) or url
+    return _Hit(name, url, _cut(_clean(snippet), SNIPPET_CHARS), _format_date(date))
+
+
+def _hits(results: list, count: int, fields: Callable[[Any], tuple]) -> list[_Hit]:
+    """The first `count` valid hits; a result whose fields cannot be read is skipped."""
+    hits: list[_Hit] = []
+    for item in results:
+        if len(hits) >= count:
+            break
+        try:
+            hit = _make_hit(*fields(item))
+        except Exception:  # noqa: S112  (an odd result object)
+            continue
+        if hit:
+            hits.append(hit)
+    return hits
+
+
+def _format_date(value: Any) -> str:
+    """'May 19, 2025' like Google's result dates; unknown formats kept as text."""
+    text = " ".join(_clean(value).split())  # a line break would forge a line
+    if not text or len(text) > DATE_CHARS:
+        return ""
     try:
-        number = float(value)
-    except OverflowError:
-        return 0.0
-    return number if math.isfinite(number) else 0.0
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return text
+    return f"{moment:%b} {moment.day}, {moment.year}"
+
+
+def _searxng_endpoint(url: str) -> _Endpoint | None:
+    """The SearXNG search URL without a query (legacy '?q=<query>' dropped)."""
+    try:
+        parts = urlsplit(url.strip())
+        valid = parts.scheme in {"http", "https"} and bool(parts.hostname)
+        _port = parts.port  # raises on a malformed port
+    except ValueError:
+        return None
+    if not valid:
+        return None
+    host, auth = _split_credentials(parts)
+    return _Endpoint(urlunsplit((parts.scheme, host, parts.path or "/", "", "")), auth)
 
 
 def _searxng_hits(body: bytes, count: int) -> list[_Hit]:
@@ -461,38 +532,6 @@ async def _searxng_search(
     """Query SearXNG's JSON API."""
     body = await _get(client, endpoint, {"q": query, "format": "json"})
     return await _parse_off_loop(body, lambda data: _searxng_hits(data, count))
-
-
-def _import_openwebui() -> SimpleNamespace | None:
-    """Open WebUI's search pieces, or None outside Open WebUI (the test seam)."""
-    try:
-        from open_webui.routers import retrieval  # noqa: PLC0415
-    except ImportError:
-        return None
-    try:
-        from open_webui.models.config import Config  # noqa: PLC0415  (0.11+)
-    except ImportError:
-        Config = None  # noqa: N806
-    try:
-        from open_webui.models.users import UserModel  # noqa: PLC0415
-    except ImportError:
-        UserModel = None  # noqa: N806
-    return SimpleNamespace(
-        search_web=retrieval.search_web,
-        config_store=Config,
-        user_model=UserModel,
-        config_keys=getattr(retrieval, "RETRIEVAL_CONFIG_KEYS", None),
-    )
-
-
-def _app_setting(app_config: Any, *names: str) -> Any:
-    """A 0.6/0.8 `app.state.config` value (its AppConfig may raise KeyError)."""
-    for name in names:
-        try:
-            return getattr(app_config, name)
-        except (AttributeError, KeyError):
-            continue
-    return None
 
 
 async def _openwebui_settings(ow: SimpleNamespace, request: Any) -> dict:
@@ -619,18 +658,6 @@ def _describe_failure(exc: BaseException) -> str:
     if isinstance(exc, ValueError):
         return "the search engine sent an answer that could not be read"
     return f"unexpected error ({type(exc).__name__})"
-
-
-async def _emit(emitter: Emitter | None, **data: Any) -> None:
-    """Send a status event; a failing emitter never stops the search."""
-    if emitter is None:
-        return
-    try:
-        sent = emitter({"type": "status", "data": data})
-        if inspect.isawaitable(sent):
-            await sent
-    except Exception as exc:  # the UI is optional
-        log.debug("status event failed: %s", type(exc).__name__)
 
 
 def _positive(value: Any, default: int) -> int:
