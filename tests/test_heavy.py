@@ -326,3 +326,18 @@ async def test_the_engine_runs_a_plan_without_any_front_end() -> None:
     assert isinstance(end, RunFinished) and end.answer == f"42 ({url})."
     assert [s.number for s in end.sources] == [1]
     assert end.stats.tool_calls == 1
+
+
+async def test_an_api_caller_asking_for_one_reply_gets_the_synthesis_only() -> None:
+    script = HeavyScript()
+    with FakeOpenAI() as fake:
+        fake.respond_with(script)
+        pipe = make_pipe(fake)
+        body = {"model": HEAVY, "messages": QUESTION, "stream": False}
+        reply = "".join(
+            [piece async for piece in pipe.pipe(body, __user__={"id": "u"})]
+        )
+    assert len(script.synthesis) == 1
+    assert reply.startswith("Ada wrote it ([first](https://example.org/r1) [")
+    assert "<details" not in reply and "Rollout" not in reply
+    assert "**Sources read**" in reply

@@ -427,6 +427,7 @@ class Pipe:
             tool_cards=valves.SHOW_TOOL_CARDS and _streamed(body),
             summary=valves.SHOW_RESEARCH_SUMMARY and _streamed(body),
             usage=valves.SHOW_COST_TRACKING,
+            rollouts=_streamed(body),
         )
         heavy = valves.HEAVY_ENABLED and _is_heavy(body)
         renderer = (

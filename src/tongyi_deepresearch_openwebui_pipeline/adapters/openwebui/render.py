@@ -80,6 +80,8 @@ class Display:
     tool_cards: bool = True
     summary: bool = True
     usage: bool = True
+    #: A heavy run's rollout blocks (live-only, like the cards).
+    rollouts: bool = True
 
 
 #: Breaks every tag-like sequence in reasoning text while displaying the same.
@@ -488,7 +490,7 @@ class HeavyRenderer:
         if not isinstance(event.event, RunFinished):
             return Rendered(events=rendered.events)
         block = self._block(event.rollout, event.rollouts, event.event)
-        return Rendered(block, rendered.events)
+        return Rendered(block if self.display.rollouts else "", rendered.events)
 
     def _block(self, rollout: int, rollouts: int, finished: RunFinished) -> str:
         """The finished rollout as one collapsible block."""
