@@ -2660,7 +2660,7 @@ def _source_event(url: str, goal: str, outcome: _Outcome) -> dict:
         "redirects": list(page.redirects),
         "goal": goal,
         "summary": outcome.summary,
-        "kept": _kept_note(page),
+        "kept": kept,
     }
     return {
         "type": "source",

@@ -236,7 +236,7 @@ def test_a_report_fits_its_budget_and_says_what_it_left_out() -> None:
     ledger = SourceLedger()
     for k in range(1, 21):
         url = f"https://example.org/p{k}"
-        ledger.add_read_page(
+        ledger.record(
             {
                 "source": {"name": f"Page {k}", "url": url},
                 "document": [

@@ -88,7 +88,7 @@ CRAFTED_TITLES = [
 @pytest.mark.parametrize("title", CRAFTED_TITLES)
 def test_page_titles_are_shown_literally_in_sources_read(title):
     ledger = SourceLedger()
-    ledger.add_read_page(
+    ledger.record(
         {
             "source": {"name": title, "url": "https://site.example/a (b)<c>"},
             "document": ["text"],

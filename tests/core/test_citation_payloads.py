@@ -14,7 +14,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tongyi_deepresearch_openwebui_pipeline.core.sources import SourceLedger
+from tongyi_deepresearch_openwebui_pipeline.core.sources import (
+    SourceLedger,
+    source_event,
+)
 
 
 def frontend_0_12(sources: list[dict[str, Any]]) -> list[str]:
@@ -43,15 +46,15 @@ def frontend_0_6(sources: list[dict[str, Any]]) -> list[str]:
 
 
 def read(ledger: SourceLedger, url: str, title: str, emitted: list[dict[str, Any]]):
-    event = ledger.add_read_page(
+    source = ledger.record(
         {
             "source": {"name": title, "url": url},
             "document": [f"evidence of {url}"],
             "metadata": [{"source": url, "url": url, "name": title}],
         }
     )
-    if event is not None:
-        emitted.append(event["data"])
+    if source is not None:  # what the renderer emits for a new source
+        emitted.append(source_event(source)["data"])
 
 
 PAGES = st.lists(

@@ -13,7 +13,14 @@ from tongyi_deepresearch_openwebui_pipeline.core.sources import (
     SourceLedger,
     normalise_url,
     rewrite_answer,
+    source_event,
 )
+
+
+def add_read_page(ledger, data):
+    """Record a page read; the source event to emit when it is new."""
+    source = ledger.record(data)
+    return source_event(source) if source is not None else None
 
 
 def page(url, title="T", evidence="E", final_url=None, redirects=()):
@@ -64,10 +71,10 @@ def test_normalisation_distinguishes(a, b):
 
 def test_ledger_numbers_in_read_order_and_dedupes():
     ledger = SourceLedger()
-    first = ledger.add_read_page(page("https://a.org/x", "A"))
-    second = ledger.add_read_page(page("https://b.org/y", "B"))
-    again = ledger.add_read_page(
-        page("https://a.org/x/", "A", evidence="longer evidence")
+    first = add_read_page(ledger, page("https://a.org/x", "A"))
+    second = add_read_page(ledger, page("https://b.org/y", "B"))
+    again = add_read_page(
+        ledger, page("https://a.org/x/", "A", evidence="longer evidence")
     )
     assert first is not None and second is not None and again is None
     assert [s.number for s in ledger.sources] == [1, 2]
@@ -79,21 +86,22 @@ def test_ledger_numbers_in_read_order_and_dedupes():
 
 def test_duplicate_titles_are_made_unique():
     ledger = SourceLedger()
-    ledger.add_read_page(page("https://a.org/1", "Home"))
-    event = ledger.add_read_page(page("https://a.org/2", "Home"))
+    add_read_page(ledger, page("https://a.org/1", "Home"))
+    event = add_read_page(ledger, page("https://a.org/2", "Home"))
     assert event is not None
     assert event["data"]["source"]["name"] == "Home (2)"
 
 
 def test_redirects_recorded_by_visit_match():
     ledger = SourceLedger()
-    ledger.add_read_page(
+    add_read_page(
+        ledger,
         page(
             "https://short.ly/abc",
             "A",
             final_url="https://long.org/article",
             redirects=["https://long.org/article?ref=1"],
-        )
+        ),
     )
     assert ledger.match("https://long.org/article") is ledger.sources[0]
     assert ledger.match("https://long.org/article/#top") is ledger.sources[0]
@@ -101,14 +109,14 @@ def test_redirects_recorded_by_visit_match():
 
 def test_non_http_sources_are_ignored():
     ledger = SourceLedger()
-    assert ledger.add_read_page(page("file:///etc/passwd")) is None
+    assert add_read_page(ledger, page("file:///etc/passwd")) is None
     assert len(ledger) == 0
 
 
 def make_ledger():
     led = SourceLedger()
-    led.add_read_page(page("https://a.org/x", "A"))
-    led.add_read_page(page("https://b.org/y", "B"))
+    add_read_page(led, page("https://a.org/x", "A"))
+    add_read_page(led, page("https://b.org/y", "B"))
     return led
 
 
@@ -251,8 +259,8 @@ def test_streaming_holds_back_only_unfinished_links(ledger):
 
 def test_wikipedia_style_parentheses_stay_in_the_url():
     ledger = SourceLedger()
-    ledger.add_read_page(
-        page("https://en.wikipedia.org/wiki/Mercury_(planet)", "Mercury")
+    add_read_page(
+        ledger, page("https://en.wikipedia.org/wiki/Mercury_(planet)", "Mercury")
     )
     text = "See https://en.wikipedia.org/wiki/Mercury_(planet)."
     assert rewrite_answer(text, ledger) == (
@@ -265,8 +273,8 @@ def test_wikipedia_style_parentheses_stay_in_the_url():
 
 def test_markdown_link_with_parentheses_in_url():
     ledger = SourceLedger()
-    ledger.add_read_page(
-        page("https://en.wikipedia.org/wiki/Mercury_(planet)", "Mercury")
+    add_read_page(
+        ledger, page("https://en.wikipedia.org/wiki/Mercury_(planet)", "Mercury")
     )
     text = "[Mercury](https://en.wikipedia.org/wiki/Mercury_(planet))"
     assert rewrite_answer(text, ledger) == text + " [1]"

@@ -137,6 +137,22 @@ class Limits:
     #: Extra wall-clock time, past `max_seconds`, for the final answer.
     wrap_up_seconds: float = 120.0
 
+    def hard_limit(self, cap: int = 0) -> int:
+        """The most the server holds, prompt and reply together (within `cap`)."""
+        hard = self.model_context_tokens or (
+            self.max_context_tokens + self.max_output_tokens
+        )
+        return min(hard, cap) if cap else hard
+
+    def reply_room(self, cap: int = 0) -> int:
+        """Tokens kept free for the reply (at most half of a small context)."""
+        return min(self.max_output_tokens, self.hard_limit(cap) // 2)
+
+    def context_limit(self, cap: int = 0) -> int:
+        """The most the conversation may hold before the model must answer."""
+        usable = self.hard_limit(cap) - self.reply_room(cap)
+        return max(min(self.max_context_tokens, usable), 1)
+
 
 @dataclass
 class RunState:
@@ -515,23 +531,15 @@ class ResearchLoop:
                 setattr(counters, name, getattr(counters, name) + count)
 
     # -- budgets --
+    # The budgets, within what the server showed it holds (`_context_cap`).
     def _hard_limit(self) -> int:
-        """The most the server holds: prompt and reply together."""
-        limits = self.limits
-        hard = limits.model_context_tokens or (
-            limits.max_context_tokens + limits.max_output_tokens
-        )
-        return min(hard, self._context_cap) if self._context_cap else hard
+        return self.limits.hard_limit(self._context_cap)
 
     def _reply_room(self) -> int:
-        """Tokens kept free for the reply (at most half of a small context)."""
-        return min(self.limits.max_output_tokens, self._hard_limit() // 2)
+        return self.limits.reply_room(self._context_cap)
 
     def _context_limit(self) -> int:
-        limit = min(
-            self.limits.max_context_tokens, self._hard_limit() - self._reply_room()
-        )
-        return max(limit, 1)
+        return self.limits.context_limit(self._context_cap)
 
     def _exhausted_budget(self) -> Termination | None:
         state, limits = self.state, self.limits

@@ -103,16 +103,6 @@ class SourceLedger:
         """The sources rollout `reader` read, in citation order."""
         return [source for source in self.sources if reader in source.readers]
 
-    def add_read_page(
-        self, data: dict[str, Any], reader: int = 0
-    ) -> dict[str, Any] | None:
-        """Record a tool's source event; return the event to emit, if new.
-
-        `reader` is the heavy run's rollout that read the page (0: none).
-        """
-        source = self.record(data, reader)
-        return source_event(source) if source is not None else None
-
     def record(self, data: dict[str, Any], reader: int = 0) -> Source | None:
         """Record a page read (a source event's ``data``); the source if new.
 

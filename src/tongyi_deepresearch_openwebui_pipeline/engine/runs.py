@@ -49,6 +49,7 @@ from ..core.events import (
     ToolOutcome,
     ToolPort,
 )
+from ..core.history import content_text
 from ..core.loop import Limits, ResearchLoop, RunState
 from ..core.prompts import (
     SYNTHESIS_REPORT,
@@ -317,14 +318,7 @@ class HeavyRun:
 
     def _report_chars(self, count: int) -> int:
         """Characters each report may take: together they fit the context."""
-        limits = self.limits
-        served = limits.model_context_tokens or (
-            limits.max_context_tokens + limits.max_output_tokens
-        )
-        room = min(
-            limits.max_context_tokens,
-            served - min(limits.max_output_tokens, served // 2),
-        )
+        room = self.limits.context_limit()
         # ~3 characters per token for such text, 2,000 tokens for the rest.
         return max(2000, (room - 2000) * 3 // max(count, 1))
 
@@ -349,13 +343,7 @@ def _question(messages: list[dict[str, Any]]) -> str:
     """The question: the last user message of the chat."""
     for message in reversed(messages):
         if message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, str):
-                return content
-            parts = content if isinstance(content, list) else []
-            return "\n".join(
-                str(part.get("text") or "") for part in parts if isinstance(part, dict)
-            )
+            return content_text(message.get("content"))
     return ""
 
 

@@ -461,7 +461,8 @@ class Pipe:
         # Each offered tool's line, in the catalog's (the reference prompt's) order.
         offered = set(toolbox.available())
         lines = [tool.prompt_line for tool in CATALOG if tool.name in offered]
-        system = system_prompt_with(lines, _today(metadata), preamble)
+        today = _today(metadata)
+        system = system_prompt_with(lines, today, preamble)
         rollouts = valves.HEAVY_ROLLOUTS
         await emit.status(
             f"Starting heavy research: {rollouts} rollouts…"
@@ -492,7 +493,7 @@ class Pipe:
             plan = RunPlan(
                 messages=[{"role": "system", "content": system}, *turns],
                 limits=limits,
-                today=_today(metadata),
+                today=today,
                 heavy=(
                     HeavySettings(rollouts, valves.HEAVY_CONCURRENT_ROLLOUTS)
                     if heavy

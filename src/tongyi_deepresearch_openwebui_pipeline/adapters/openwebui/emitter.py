@@ -19,6 +19,21 @@ log = logging.getLogger(__name__)
 Emitter = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
+def status_payload(
+    description: str, done: bool = False, **extra: Any
+) -> dict[str, Any]:
+    """A status line, as Open WebUI's event emitter takes it."""
+    return {
+        "type": "status",
+        "data": {"description": description, "done": done, **extra},
+    }
+
+
+def notification_payload(level: str, content: str) -> dict[str, Any]:
+    """A toast notification, as Open WebUI's event emitter takes it."""
+    return {"type": "notification", "data": {"type": level, "content": content}}
+
+
 class SafeEmitter:
     """Calls Open WebUI's emitter, swallowing and logging its failures."""
 
@@ -52,18 +67,11 @@ class SafeEmitter:
         self, description: str, *, done: bool = False, **extra: Any
     ) -> None:
         """Emit a status line."""
-        await self(
-            {
-                "type": "status",
-                "data": {"description": description, "done": done, **extra},
-            }
-        )
+        await self(status_payload(description, done, **extra))
 
     async def notify(self, level: str, content: str) -> None:
         """Emit a toast notification."""
-        await self(
-            {"type": "notification", "data": {"type": level, "content": content}}
-        )
+        await self(notification_payload(level, content))
 
 
 class EventRelay:

@@ -54,6 +54,7 @@ from ...core.events import (
 )
 from ...core.history import RESTART_NOTE
 from ...core.sources import CitationRewriter, SourceLedger, source_event
+from .emitter import notification_payload, status_payload
 
 #: Longest tool result shown in a card (the model always gets all of it).
 CARD_RESULT_CHARS = 6000
@@ -65,11 +66,6 @@ class Rendered:
 
     text: str = ""
     events: tuple[dict[str, Any], ...] = ()
-
-
-def status_payload(description: str, done: bool = False) -> dict[str, Any]:
-    """A status line, as Open WebUI's event emitter takes it."""
-    return {"type": "status", "data": {"description": description, "done": done}}
 
 
 @dataclass(frozen=True)
@@ -384,12 +380,7 @@ class ChatRenderer:
             out += f"\n\n> ⚠️ {markdown_text(warning)}\n"
         if event.reason == "error":
             out += f"\n\n> ⚠️ **The research stopped:** {event.error}\n"
-            self._payloads.append(
-                {
-                    "type": "notification",
-                    "data": {"type": "error", "content": event.error},
-                }
-            )
+            self._payloads.append(notification_payload("error", event.error))
         elif not event.answer:
             out += (
                 "\n\n> ⚠️ The model ended without a final answer "
