@@ -174,7 +174,9 @@ class InstantModel:
         """Play the rounds scenario with `rounds` rounds."""
         self.rounds = rounds
 
-    async def stream(self, messages: list[dict[str, Any]]) -> AsyncIterator[ModelChunk]:
+    async def stream(
+        self, messages: list[dict[str, Any]], max_tokens: int | None = None
+    ) -> AsyncIterator[ModelChunk]:
         """The reply for this point of the conversation, in small deltas."""
         done = sum(1 for m in messages if m["role"] == "assistant")
         for piece in _pieces(rounds_reply(done, self.rounds)):

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from . import (
     concurrency,
+    context,
     fanout,
     heavy,
     hostile,
@@ -45,6 +46,7 @@ BENCHMARKS: dict[str, tuple[str, Benchmark]] = {
     "token-estimate": ("8. Token estimate vs Qwen's tokenizer", token_estimate.run),
     "page-reading": ("9. Page reading: main content vs whole page", page_reading.run),
     "heavy": ("10. Heavy run vs one rollout", heavy.run),
+    "context": ("11. Research beyond the context window", context.run),
 }
 #: Upper bound per benchmark, so a hang ends the run instead of CI's job.
 TIME_LIMIT_SECONDS = {False: 600.0, True: 120.0}

@@ -36,6 +36,14 @@ FIGURES = (
     "worst event-loop stall",
     "heavy run, 3 rollouts + synthesis",
     "page fetches when 3 rollouts read it",
+    "context 32K: rounds completed (of 12)",
+    "context 32K: requests refused",
+    "context 32K: peak context / served",
+    "context 32K: consolidation overhead",
+    "context 16K: rounds completed (of 12)",
+    "context 16K: requests refused",
+    "context 16K: peak context / served",
+    "context 16K: consolidation overhead",
 )
 
 
@@ -81,12 +89,21 @@ def test_quick_run_prints_every_figure_with_its_baseline(quick_run):
             assert re.search(r"\d", baseline) or ratio == "—", (name, baseline)
     assert rows["cross-talk between chats"][1] == "0 problems"
     assert rows["cross-talk between chats"][5] == "PASS"
+    # Research beyond the context window: the quick run's correctness checks.
+    for context in ("32K", "16K"):
+        rounds = rows[f"context {context}: rounds completed (of 12)"]
+        refused = rows[f"context {context}: requests refused"]
+        peak = rows[f"context {context}: peak context / served"]
+        assert rounds[1] == "12 (answer)" and refused[1] == "0", (rounds, refused)
+        assert {rounds[5], refused[5], peak[5]} == {"PASS"}, (rounds, refused, peak)
 
 
 def test_quick_run_reports_the_machine_and_each_benchmark(quick_run):
     out = quick_run.stdout
     assert re.search(r"\d+ cores, load average [\d.]+", out)
-    assert out.count("\n## ") == 10
+    assert out.count("\n## ") == 11
+    assert "reference wrap-up: rounds before the forced answer" in out
+    assert "Why the overhead is structural" in out
     assert "max loop lag" in out and "idle loop" in out
     assert "5 one-query calls in a row" in out
 

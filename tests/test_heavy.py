@@ -224,7 +224,9 @@ async def test_stop_cancels_every_rollout() -> None:
 
 
 class FakeModel:
-    def stream(self, messages: list[dict[str, Any]]) -> Any:
+    def stream(
+        self, messages: list[dict[str, Any]], max_tokens: int | None = None
+    ) -> Any:
         raise AssertionError("not called")
 
 
@@ -283,7 +285,9 @@ class ScriptedPort:
     def __init__(self, *contents: str) -> None:
         self.contents = list(contents)
 
-    async def stream(self, messages: list[dict[str, Any]]) -> AsyncIterator[Any]:
+    async def stream(
+        self, messages: list[dict[str, Any]], max_tokens: int | None = None
+    ) -> AsyncIterator[Any]:
         from tongyi_deepresearch_openwebui_pipeline.core.events import ModelDelta
 
         yield ModelDelta(content=self.contents.pop(0))

@@ -261,8 +261,9 @@ async def test_an_unconfigured_search_shows_a_failed_card():
 
 
 async def test_a_too_long_refusal_still_ends_with_an_answer():
-    # vLLM refuses round 3 for its length; the pipe makes room, asks for the
-    # answer, and says what happened and how to serve more context.
+    # vLLM refuses round 2 for its length; with the reference strategy the
+    # pipe makes room, asks for the answer, and says what happened and how to
+    # serve more context (consolidating instead: tests/test_consolidation.py).
     with PageSite() as site, FakeOpenAI() as fake:
         article = site.url("/article")
         turns = [
@@ -276,7 +277,12 @@ async def test_a_too_long_refusal_still_ends_with_an_answer():
             Reply(content=answer("Answer from what fits.")),
         ]
         fake.respond_with(router(turns, []))
-        pipe = make_pipe(fake, local_tools("", allow_private=True), API_KEY="")
+        pipe = make_pipe(
+            fake,
+            local_tools("", allow_private=True),
+            API_KEY="",
+            CONTEXT_STRATEGY="wrap_up",
+        )
         text, _, _ = await drive(pipe, QUESTION)
         wrap_up = [b for b in fake.bodies if b.get("stream")][-1]
 

@@ -48,7 +48,9 @@ class ScriptedModel:
         self.replies = list(replies)
         self.seen: list[list[dict[str, Any]]] = []
 
-    async def stream(self, messages: list[dict[str, Any]]) -> AsyncIterator[Any]:
+    async def stream(
+        self, messages: list[dict[str, Any]], max_tokens: int | None = None
+    ) -> AsyncIterator[Any]:
         self.seen.append([dict(m) for m in messages])
         reply = self.replies.pop(0)
         if isinstance(reply, Exception):
@@ -397,7 +399,7 @@ class EndlessModel(ScriptedModel):
         self.first = first
         self.closed = closed if closed is not None else []
 
-    async def stream(self, messages):
+    async def stream(self, messages, max_tokens=None):
         if self.seen:
             async for chunk in super().stream(messages):
                 yield chunk
@@ -436,7 +438,7 @@ async def test_time_limit_holds_during_an_endless_model_turn():
 
 async def test_answer_being_written_at_the_limit_may_finish_within_the_grace():
     class AnswerThenFinish(ScriptedModel):
-        async def stream(self, messages):
+        async def stream(self, messages, max_tokens=None):
             self.seen.append(messages)
             yield ModelDelta(content="<answer>part one")
             await asyncio.sleep(0.4)  # past max_seconds, within the grace
@@ -464,7 +466,7 @@ async def test_endless_answer_is_cut_at_the_grace_and_kept_unmarked():
 
 async def test_endless_wrap_up_ends_with_a_clear_time_limit():
     class AlwaysEndless(EndlessModel):
-        async def stream(self, messages):
+        async def stream(self, messages, max_tokens=None):
             self.seen.clear()  # every call is endless
             async for chunk in super().stream(messages):
                 yield chunk

@@ -11,6 +11,13 @@ Faults on demand: HTTP errors (with ``Retry-After``), a stream cut mid-token,
 garbage SSE lines, an empty ``choices`` list, an empty reply and a server that
 never answers. Requests are recorded so tests can check what the model saw.
 
+A served context on demand (``enforce_context=True``): like vLLM, a request
+whose prompt plus ``max_tokens`` exceeds ``max_model_len`` is refused with
+HTTP 400 and vLLM's message, and usage reports the prompt as counted. The
+fake counts with the package's own estimate, the most the estimate allows
+(Qwen's tokenizer counts about 10% fewer, benchmark 8), so a request that
+passes here passes a real server.
+
 Streaming without timing: a `StreamGate` holds the rest of a reply back until
 the test has seen its first part come out of the code under test, so "it
 streams" is proven by a handshake, not by counting network reads (which a busy
@@ -25,6 +32,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from tongyi_deepresearch_openwebui_pipeline.core.budget import (
+    estimate_text_tokens,
+    messages_tokens,
+)
 
 from .http import LocalServer, Request, Response
 
@@ -144,10 +156,17 @@ class FakeOpenAI:
         self,
         model: str = "Alibaba-NLP/Tongyi-DeepResearch-30B-A3B",
         max_model_len: int = 131072,
+        *,
+        enforce_context: bool = False,
     ) -> None:
         """Create the server (not started)."""
         self.model = model
         self.max_model_len = max_model_len
+        self.enforce_context = enforce_context
+        #: Each chat request's (prompt tokens, max_tokens) as this server counts.
+        self.sizes: list[tuple[int, int]] = []
+        #: Requests refused for their length.
+        self.refused = 0
         self.replies: list[Reply] = []
         self.responder: Callable[[dict[str, Any]], Reply] | None = None
         self.bodies: list[dict[str, Any]] = []
@@ -205,6 +224,10 @@ class FakeOpenAI:
         body = request.json()
         with self._lock:
             self.bodies.append(body)
+        if self.enforce_context:
+            refusal = self._refusal(body)
+            if refusal is not None:
+                return refusal
         reply = self._next_reply(body)
         if reply is None:
             return Response.json({"error": {"message": "script exhausted"}}, 500)
@@ -225,6 +248,26 @@ class FakeOpenAI:
             self._stream(reply, body),
         )
 
+    def _refusal(self, body: dict[str, Any]) -> Response | None:
+        """vLLM's answer to a request longer than the served context, if it is."""
+        prompt = messages_tokens(body["messages"])
+        wanted = int(body.get("max_tokens") or 0)
+        with self._lock:
+            self.sizes.append((prompt, wanted))
+        if prompt + wanted <= self.max_model_len:
+            return None
+        with self._lock:
+            self.refused += 1
+        message = (
+            f"This model's maximum context length is {self.max_model_len} tokens. "
+            f"However, you requested {prompt + wanted} tokens ({prompt} in the "
+            f"messages, {wanted} in the completion). Please reduce the length of "
+            "the messages or completion."
+        )
+        return Response.json(
+            {"object": "error", "message": message, "type": "BadRequestError"}, 400
+        )
+
     def _usage(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
         prompt_chars = sum(len(str(m.get("content", ""))) for m in body["messages"])
         completion = len(reply.full_inline())
@@ -232,6 +275,9 @@ class FakeOpenAI:
             "prompt_tokens": reply.prompt_tokens or prompt_chars // 4,
             "completion_tokens": completion // 4,
         }
+        if self.enforce_context:
+            usage["prompt_tokens"] = messages_tokens(body["messages"])
+            usage["completion_tokens"] = estimate_text_tokens(reply.full_inline())
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         if reply.cost is not None:
             usage["cost"] = reply.cost

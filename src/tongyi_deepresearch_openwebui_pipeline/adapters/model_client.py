@@ -553,7 +553,9 @@ class OpenAIModelClient:
             **self.settings.auth_headers(),
         }
 
-    def _payload(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    def _payload(
+        self, messages: list[dict[str, Any]], max_tokens: int | None = None
+    ) -> dict[str, Any]:
         s = self.settings
         payload: dict[str, Any] = {
             **s.extra_body,
@@ -563,20 +565,26 @@ class OpenAIModelClient:
             "temperature": s.temperature,
             "top_p": s.top_p,
             "presence_penalty": s.presence_penalty,
-            "max_tokens": s.max_tokens,
+            "max_tokens": s.max_tokens if max_tokens is None else max_tokens,
             "stop": list(STOP_SEQUENCES),
         }
         if self._send_usage_option:
             payload["stream_options"] = {"include_usage": True}
         return payload
 
-    async def stream(self, messages: list[dict[str, Any]]) -> AsyncIterator[ModelChunk]:
-        """Stream one reply, retrying transient failures from the start."""
+    async def stream(
+        self, messages: list[dict[str, Any]], max_tokens: int | None = None
+    ) -> AsyncIterator[ModelChunk]:
+        """Stream one reply, retrying transient failures from the start.
+
+        ``max_tokens`` lowers the settings' reply length for this call (the
+        loop keeps prompt and reply within the served context).
+        """
         attempts = max(1, self.settings.max_attempts)
         with secrets.guard_http_logs(self._redact):
             for attempt in range(1, attempts + 1):
                 try:
-                    async for chunk in self._attempt(messages):
+                    async for chunk in self._attempt(messages, max_tokens):
                         yield chunk
                     return
                 except _Overflow as overflow:
@@ -643,7 +651,7 @@ class OpenAIModelClient:
         return min(delay, s.backoff_max_seconds)
 
     async def _attempt(
-        self, messages: list[dict[str, Any]]
+        self, messages: list[dict[str, Any]], max_tokens: int | None = None
     ) -> AsyncIterator[ModelChunk]:
         """One request, bounded as a whole by ``timeout_seconds`` of wall clock.
 
@@ -656,7 +664,7 @@ class OpenAIModelClient:
         request = self._http.build_request(
             "POST",
             s.completions_url,
-            json=self._payload(messages),
+            json=self._payload(messages, max_tokens),
             headers=self._headers(),
             timeout=httpx.Timeout(s.timeout_seconds, connect=s.connect_timeout_seconds),
         )

@@ -94,8 +94,14 @@ class ContextOverflowError(ModelError):
 class ModelPort(Protocol):
     """Streams one chat completion (retries are the port's business)."""
 
-    def stream(self, messages: list[dict[str, Any]]) -> AsyncIterator[ModelChunk]:
-        """Stream the reply to ``messages``."""
+    def stream(
+        self, messages: list[dict[str, Any]], max_tokens: int | None = None
+    ) -> AsyncIterator[ModelChunk]:
+        """Stream the reply to ``messages``, at most ``max_tokens`` long.
+
+        ``max_tokens`` None: the port's own setting. The loop lowers it so
+        that prompt and reply fit the served context.
+        """
         ...
 
 
@@ -231,8 +237,50 @@ class ContextWarning:
 
 
 @dataclass(frozen=True)
+class ConsolidationStarted:
+    """The conversation filled the usable context: its state is being written."""
+
+    number: int
+    max_consolidations: int
+    context_tokens: int
+    context_limit: int
+    kind: str = "consolidation_started"
+
+
+@dataclass(frozen=True)
+class Consolidated:
+    """The conversation restarted from the question and the `summary` state.
+
+    Tokens before and after are the conversation's; prompt and completion
+    tokens are what the summary call spent.
+    """
+
+    number: int
+    summary: str
+    tokens_before: int
+    tokens_after: int
+    prompt_tokens: int
+    completion_tokens: int
+    kind: str = "consolidated"
+
+
+@dataclass(frozen=True)
+class ConsolidationFailed:
+    """No usable state came back: the run falls back to the wrap-up."""
+
+    number: int
+    reason: str
+    kind: str = "consolidation_failed"
+
+
+@dataclass(frozen=True)
 class RunStats:
-    """Figures for the research summary."""
+    """Figures for the research summary.
+
+    Token totals include the consolidations' summary calls, which are also
+    given on their own. The peak context is the largest prompt plus reply of
+    any call; the served context is 0 when the server did not say.
+    """
 
     rounds: int
     searches: int
@@ -242,6 +290,11 @@ class RunStats:
     completion_tokens: int
     cost: float | None
     seconds: float
+    consolidations: int = 0
+    consolidation_prompt_tokens: int = 0
+    consolidation_completion_tokens: int = 0
+    peak_context_tokens: int = 0
+    served_context_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -306,6 +359,9 @@ Event = (
     | UsageUpdated
     | WrappingUp
     | ContextWarning
+    | ConsolidationStarted
+    | Consolidated
+    | ConsolidationFailed
     | SourcesAdded
     | RunFinished
 )
@@ -324,3 +380,6 @@ class Counters:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float | None = None
+    consolidations: int = 0
+    consolidation_prompt_tokens: int = 0
+    consolidation_completion_tokens: int = 0

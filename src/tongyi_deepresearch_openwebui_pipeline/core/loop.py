@@ -33,7 +33,16 @@ Decisions beyond the reference agent (each has a test):
   wraps the run up within what it processed; a request refused for its length
   (`ContextOverflowError`) makes room, oldest tool results first, and asks
   for the answer, a bounded number of times. A run never ends on a context
-  overflow without an answer attempt.
+  overflow without an answer attempt. Every request asks for at most the
+  reply that fits the served context beside its prompt.
+- At the context limit (or on a refusal for length) the run either wraps up
+  (`Limits.at_limit == "wrap_up"`, the reference) or consolidates: one call of
+  the summary model writes the research state (`core.consolidation`), and the
+  conversation restarts as the system prompt plus the question and that state
+  in the lab's ReSum message, then the research goes on. At most
+  `Limits.max_consolidations` times; rounds and time still hold. A summary
+  call that fails, or a state too big to leave room, falls back to the
+  wrap-up, never to a silent stop.
 """
 
 from __future__ import annotations
@@ -42,11 +51,23 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from .budget import messages_tokens
+from .budget import MESSAGE_OVERHEAD_TOKENS, estimate_text_tokens, messages_tokens
+from .consolidation import (
+    MAX_RESTART_SHARE,
+    SUMMARY_MIN_TOKENS,
+    fit_summary_request,
+    pages_note,
+    restarted_conversation,
+    state_from_reply,
+    summary_request,
+)
 from .events import (
     AnswerDelta,
+    Consolidated,
+    ConsolidationFailed,
+    ConsolidationStarted,
     ContextOverflowError,
     ContextWarning,
     Counters,
@@ -70,8 +91,10 @@ from .events import (
     UsageUpdated,
     WrappingUp,
 )
+from .history import content_text
 from .prompts import WRAP_UP_MESSAGE
 from .protocol import Fragment, Turn, TurnParser
+from .sources import page_read
 from .toolcalls import (
     CallError,
     ToolCall,
@@ -117,6 +140,15 @@ TRUNCATION_MIN_GAP = 2048
 TALLIES = ("searches", "pages_requested")
 #: Times the final answer is asked for again after an overflow, each with less.
 OVERFLOW_RETRIES = 3
+#: Fewest reply tokens a request asks for (a request is never sent with none).
+MIN_REPLY_TOKENS = 16
+#: Share of the served context kept free beside prompt and reply.
+REPLY_MARGIN_SHARE = 0.01
+#: Share of the usable context the list of pages read may take in a state.
+PAGES_NOTE_SHARE = 0.15
+
+#: What a run does when the conversation fills the usable context.
+AtLimit = Literal["consolidate", "wrap_up"]
 
 
 class _OutOfTimeError(Exception):
@@ -136,6 +168,10 @@ class Limits:
     max_output_tokens: int = 10000
     #: Extra wall-clock time, past `max_seconds`, for the final answer.
     wrap_up_seconds: float = 120.0
+    #: At the context limit: the reference wrap-up, or consolidate and go on.
+    at_limit: AtLimit = "wrap_up"
+    #: Most consolidations of one run (then the wrap-up).
+    max_consolidations: int = 30
 
     def hard_limit(self, cap: int = 0) -> int:
         """The most the server holds, prompt and reply together (within `cap`)."""
@@ -167,13 +203,21 @@ class RunState:
     # assistant turn, and how many messages that covered.
     measured_tokens: int | None = None
     measured_upto: int = 0
+    #: Largest prompt + reply of any call, and the context the server serves.
+    peak_context_tokens: int = 0
+    served_context_tokens: int = 0
+    #: (url, title) of every page read, in order (a state lists them).
+    pages: list[tuple[str, str]] = field(default_factory=list)
 
     def context_tokens(self) -> int:
         """Best estimate of the conversation's size in tokens."""
         if self.measured_tokens is None:
             return messages_tokens(self.messages)
-        return self.measured_tokens + messages_tokens(
-            self.messages[self.measured_upto :]
+        # The reply's completion tokens leave out its framing in the template.
+        return (
+            self.measured_tokens
+            + MESSAGE_OVERHEAD_TOKENS
+            + messages_tokens(self.messages[self.measured_upto :])
         )
 
     def stats(self, now: float) -> RunStats:
@@ -188,7 +232,16 @@ class RunState:
             completion_tokens=c.completion_tokens,
             cost=c.cost,
             seconds=now - self.started,
+            consolidations=c.consolidations,
+            consolidation_prompt_tokens=c.consolidation_prompt_tokens,
+            consolidation_completion_tokens=c.consolidation_completion_tokens,
+            peak_context_tokens=self.peak_context_tokens,
+            served_context_tokens=self.served_context_tokens,
         )
+
+    def note_peak(self, tokens: int) -> None:
+        """Keep the largest context any call used."""
+        self.peak_context_tokens = max(self.peak_context_tokens, tokens)
 
 
 def _fragment_events(fragments: list[Fragment]) -> list[Event]:
@@ -208,6 +261,42 @@ class _TurnResult:
     finish_reason: str | None = None
     #: The turn had started its ``<answer>`` (answer text was shown).
     answering: bool = False
+    #: The server reported usage for the turn.
+    measured: bool = False
+    #: The server refused the request for its length (no turn came).
+    refused: bool = False
+
+
+@dataclass
+class _Step:
+    #: The run has finished (`RunFinished` was yielded).
+    ended: bool = False
+
+
+@dataclass
+class _Consolidation:
+    #: The conversation was replaced by the question and its state.
+    done: bool = False
+
+
+@dataclass
+class _SummaryCall:
+    """What the summary model wrote, and what it cost."""
+
+    content_parts: list[str] = field(default_factory=list)
+    reasoning_parts: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def content(self) -> str:
+        """The reply's content."""
+        return "".join(self.content_parts)
+
+    @property
+    def reasoning(self) -> str:
+        """The reply's reasoning channel."""
+        return "".join(self.reasoning_parts)
 
 
 class ResearchLoop:
@@ -220,17 +309,38 @@ class ResearchLoop:
         tools: ToolPort,
         limits: Limits,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        summarizer: ModelPort | None = None,
     ) -> None:
-        """Bind the run state to its ports and budgets."""
+        """Bind the run state to its ports and budgets.
+
+        ``summarizer`` writes the research state when the run consolidates
+        (default: the research model itself).
+        """
         self.state = state
         self.model = model
         self.tools = tools
         self.limits = limits
         self.clock = clock
+        self.summarizer = summarizer or model
+        state.served_context_tokens = limits.model_context_tokens
+        # What a consolidated conversation keeps: the system messages, and
+        # the question (the chat's last user message when the run started).
+        self._system = [m for m in state.messages if m.get("role") == "system"]
+        self._question = next(
+            (
+                content_text(m.get("content"))
+                for m in reversed(state.messages)
+                if m.get("role") == "user"
+            ),
+            "",
+        )
         # The event loop's timer saw the deadline pass (tools were stopped).
         self._out_of_time_seen = False
         # The context the server showed it holds (a refusal, a silent cut).
         self._context_cap = 0
+        # The server refused the last request for its length.
+        self._refused_for_length = False
 
     # -- the loop --
     async def run(self) -> AsyncIterator[Event]:
@@ -242,55 +352,87 @@ class ResearchLoop:
             yield event
 
     async def _rounds(self) -> AsyncIterator[Event]:
+        step = _Step()
+        while not step.ended:
+            async for event in self._at_budgets(step):
+                yield event
+            if step.ended:
+                return
+            async for event in self._round(step):
+                yield event
+
+    async def _at_budgets(self, step: _Step) -> AsyncIterator[Event]:
+        """Before a round: consolidate, or wrap up, when a budget ran out."""
+        exhausted = self._exhausted_budget()
+        if self._refused_for_length and not exhausted:
+            exhausted = "context_limit"
+        if exhausted == "context_limit" and self._may_consolidate():
+            consolidation = _Consolidation()
+            async for event in self._consolidate(consolidation):
+                yield event
+            if consolidation.done:
+                self._refused_for_length = False
+                return
+            exhausted = self._exhausted_budget() or "context_limit"
+        if exhausted:
+            step.ended = True
+            async for event in self._wrap_up(exhausted):
+                yield event
+
+    async def _round(self, step: _Step) -> AsyncIterator[Event]:
+        """One round: the model's turn, then its tool calls (or the end)."""
         state = self.state
-        while True:
-            exhausted = self._exhausted_budget()
-            if exhausted:
-                async for event in self._wrap_up(exhausted):
-                    yield event
-                return
-            state.round += 1
-            yield RoundStarted(state.round, self.limits.max_rounds)
-            result = _TurnResult(TurnParser().finish())
-            try:
-                async for event in self._model_turn(
-                    result, self._deadline(), self._grace_deadline()
-                ):
-                    yield event
-            except ModelError as error:
-                async for event in self._model_failed(error):
-                    yield event
-                return
-            except _OutOfTimeError:
-                async for event in self._out_of_time(result):
-                    yield event
-                return
-            turn = result.turn
-            state.messages.append({"role": "assistant", "content": turn.history_text})
-            if turn.answer is not None:
-                yield self._finished("answer", answer=turn.answer.strip())
-                return
-            if turn.calls:
-                state.stalls = 0
-                async for event in self._run_calls(turn.calls):
-                    yield event
-                continue
+        state.round += 1
+        yield RoundStarted(state.round, self.limits.max_rounds)
+        result = _TurnResult(TurnParser().finish())
+        async for event in self._turn_or_end(result, step):
+            yield event
+        if step.ended or result.refused:
+            return
+        turn = result.turn
+        state.messages.append({"role": "assistant", "content": turn.history_text})
+        if turn.answer is not None:
+            step.ended = True
+            yield self._finished("answer", answer=turn.answer.strip())
+        elif turn.calls:
+            state.stalls = 0
+            async for event in self._run_calls(turn.calls):
+                yield event
+        elif state.stalls >= 1 and turn.stray_text:
+            step.ended = True
+            yield self._finished("answer", answer=turn.stray_text, answer_marked=False)
+        else:
             state.stalls += 1
-            if state.stalls >= 2 and turn.stray_text:
-                yield self._finished(
-                    "answer", answer=turn.stray_text, answer_marked=False
-                )
-                return
-            nudge = CUT_OFF_NUDGE if result.finish_reason == "length" else NO_CALL_NUDGE
+            cut = result.finish_reason == "length"
+            nudge = CUT_OFF_NUDGE if cut else NO_CALL_NUDGE
             state.messages.append({"role": "user", "content": wrap_response(nudge)})
 
-    async def _model_failed(self, error: ModelError) -> AsyncIterator[Event]:
-        """A round's call failed for good: recover from an overflow, else stop."""
-        if not isinstance(error, ContextOverflowError):
-            yield self._finished("error", error=error.message)
+    async def _turn_or_end(
+        self, result: _TurnResult, step: _Step
+    ) -> AsyncIterator[Event]:
+        """Stream the model's turn; a failure ends the run or is recovered from."""
+        try:
+            async for event in self._model_turn(
+                result, self._deadline(), self._grace_deadline()
+            ):
+                yield event
             return
-        yield self._overflowed(error)
-        async for event in self._wrap_up("context_limit"):
+        except ContextOverflowError as error:
+            yield self._overflowed(error)
+            if self._may_consolidate():
+                # The refused round did not happen: it is asked again after
+                # the consolidation (or the wrap-up answers).
+                self.state.round -= 1
+                self._refused_for_length = True
+                result.refused = True
+                return
+            events = self._wrap_up("context_limit")
+        except ModelError as error:
+            events = _just(self._finished("error", error=error.message))
+        except _OutOfTimeError:
+            events = self._out_of_time(result)
+        step.ended = True
+        async for event in events:
             yield event
 
     # -- deadlines --
@@ -332,7 +474,12 @@ class ResearchLoop:
         """
         parser = TurnParser()
         sent = len(self.state.messages)
-        stream = aiter(self.model.stream(list(self.state.messages)))
+        prompt = self.state.context_tokens()
+        stream = aiter(
+            self.model.stream(
+                list(self.state.messages), max_tokens=self._reply_tokens(prompt)
+            )
+        )
         try:
             while True:
                 limit = answer_deadline if result.answering else deadline
@@ -352,10 +499,9 @@ class ResearchLoop:
                         result.answering |= isinstance(event, AnswerDelta)
                         yield event
                 elif isinstance(chunk, ModelUsage):
-                    yield self._count_usage(chunk, sent)
-                    warning = self._truncation(chunk, sent)
-                    if warning is not None:
-                        yield warning
+                    result.measured = True
+                    for event in self._on_usage(chunk, sent):
+                        yield event
                 elif isinstance(chunk, ModelFinish):
                     result.finish_reason = chunk.reason
                 elif isinstance(chunk, ModelRetry):
@@ -372,6 +518,19 @@ class ResearchLoop:
         for event in _fragment_events(parser.flush()):
             yield event
         result.turn = parser.finish()
+        self._note_unmeasured(result, prompt)
+
+    def _note_unmeasured(self, result: _TurnResult, prompt: int) -> None:
+        """Without usage from the server, the peak context is estimated."""
+        if not result.measured:
+            reply = estimate_text_tokens(result.turn.history_text)
+            self.state.note_peak(prompt + reply)
+
+    def _on_usage(self, usage: ModelUsage, sent: int) -> list[Event]:
+        """The turn's usage: the totals, and a warning if the prompt was cut."""
+        counted: Event = self._count_usage(usage, sent)
+        warning = self._truncation(usage, sent)
+        return [counted] if warning is None else [counted, warning]
 
     def _count_usage(self, usage: ModelUsage, sent: int) -> UsageUpdated:
         state, counters = self.state, self.state.counters
@@ -381,6 +540,7 @@ class ResearchLoop:
             counters.cost = (counters.cost or 0.0) + usage.cost
         state.measured_tokens = usage.prompt_tokens + usage.completion_tokens
         state.measured_upto = sent + 1  # the prompt plus the reply being streamed
+        state.note_peak(state.measured_tokens)
         return UsageUpdated(
             usage.prompt_tokens,
             usage.completion_tokens,
@@ -394,10 +554,16 @@ class ResearchLoop:
         served = self.limits.model_context_tokens
         if not 0 < served < MIN_RESEARCH_CONTEXT:
             return None
+        outcome = (
+            "so the research will consolidate every few rounds to go on, a "
+            "summary call each time"
+            if self.limits.at_limit == "consolidate"
+            else "so it will stop early"
+        )
         return ContextWarning(
             f"The model server serves a context of only {served:,} tokens; "
             f"research needs {MIN_RESEARCH_CONTEXT:,} or more (64K recommended), "
-            f"so it will stop early. {RAISE_CONTEXT_HINT}"
+            f"{outcome}. {RAISE_CONTEXT_HINT}"
         )
 
     def _truncation(self, usage: ModelUsage, sent: int) -> ContextWarning | None:
@@ -436,6 +602,125 @@ class ResearchLoop:
         tokens = max(tokens, 1)
         self._context_cap = min(self._context_cap or tokens, tokens)
 
+    # -- consolidation --
+    def _may_consolidate(self) -> bool:
+        limits = self.limits
+        return (
+            limits.at_limit == "consolidate"
+            and self.state.counters.consolidations < limits.max_consolidations
+        )
+
+    async def _consolidate(self, outcome: _Consolidation) -> AsyncIterator[Event]:
+        """Replace the conversation by the question and its state, if one comes.
+
+        ``outcome.done`` says whether it did; otherwise the conversation is
+        untouched and `ConsolidationFailed` says why.
+        """
+        state = self.state
+        number = state.counters.consolidations + 1
+        before = state.context_tokens()
+        limit = self._context_limit()
+        yield ConsolidationStarted(
+            number, self.limits.max_consolidations, before, limit
+        )
+        request, reply_tokens = fit_summary_request(
+            summary_request(state.messages), self._hard_limit()
+        )
+        if reply_tokens < SUMMARY_MIN_TOKENS:
+            yield ConsolidationFailed(
+                number, "the conversation is too long to summarise in the context"
+            )
+            return
+        call = _SummaryCall()
+        try:
+            async for event in self._summary_call(request, reply_tokens, call):
+                yield event
+        except ModelError as error:
+            yield ConsolidationFailed(number, error.message)
+            return
+        except _OutOfTimeError:
+            self._out_of_time_seen = True
+            yield ConsolidationFailed(number, "the time limit was reached")
+            return
+        written = state_from_reply(call.content) or state_from_reply(
+            call.reasoning, tagged_only=True
+        )
+        if not written:
+            yield ConsolidationFailed(number, "the summary model wrote no usable state")
+            return
+        pages = pages_note(state.pages, int(limit * PAGES_NOTE_SHARE))
+        restarted = restarted_conversation(self._system, self._question, written, pages)
+        after = messages_tokens(restarted)
+        if after > MAX_RESTART_SHARE * limit:
+            yield ConsolidationFailed(
+                number,
+                f"the state it wrote ({after:,} tokens) leaves no room to go on",
+            )
+            return
+        state.messages[:] = restarted
+        state.measured_tokens, state.measured_upto = None, 0
+        state.counters.consolidations += 1
+        outcome.done = True
+        yield Consolidated(
+            number, written, before, after, call.prompt_tokens, call.completion_tokens
+        )
+
+    async def _summary_call(
+        self, request: list[dict[str, Any]], max_tokens: int, call: _SummaryCall
+    ) -> AsyncIterator[Event]:
+        """Stream the summary model's reply into ``call``, within the deadline."""
+        counters = self.state.counters
+        deadline = self._deadline()
+        stream = aiter(self.summarizer.stream(request, max_tokens=max_tokens))
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await anext(stream)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise _OutOfTimeError from None
+                if isinstance(chunk, ModelDelta):
+                    call.content_parts.append(chunk.content)
+                    call.reasoning_parts.append(chunk.reasoning)
+                elif isinstance(chunk, ModelRetry):
+                    call.content_parts.clear()
+                    call.reasoning_parts.clear()
+                    yield ModelRetrying(
+                        chunk.attempt, chunk.max_attempts, chunk.reason, chunk.delay
+                    )
+                elif isinstance(chunk, ModelUsage):
+                    call.prompt_tokens += chunk.prompt_tokens
+                    call.completion_tokens += chunk.completion_tokens
+                    counters.consolidation_prompt_tokens += chunk.prompt_tokens
+                    counters.consolidation_completion_tokens += chunk.completion_tokens
+                    yield self._count_summary_usage(chunk)
+        finally:
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()
+        if not call.prompt_tokens:
+            written = estimate_text_tokens(call.content + call.reasoning)
+            self.state.note_peak(messages_tokens(request) + written)
+
+    def _count_summary_usage(self, usage: ModelUsage) -> UsageUpdated:
+        """Add a summary call's usage to the run's totals."""
+        state, counters = self.state, self.state.counters
+        counters.prompt_tokens += usage.prompt_tokens
+        counters.completion_tokens += usage.completion_tokens
+        if usage.cost is not None:
+            counters.cost = (counters.cost or 0.0) + usage.cost
+        state.note_peak(usage.prompt_tokens + usage.completion_tokens)
+        return UsageUpdated(
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            counters.prompt_tokens,
+            counters.completion_tokens,
+            counters.cost,
+            state.context_tokens(),
+        )
+
     # -- tools --
     async def _run_calls(self, raw_calls: tuple[str, ...]) -> AsyncIterator[Event]:
         available = self.tools.available()
@@ -458,6 +743,9 @@ class ResearchLoop:
             zip(planned, timed, strict=True)
         ):
             self._tally(call, outcome)
+            self.state.pages.extend(
+                page for data in outcome.sources if (page := page_read(data))
+            )
             yield ToolCallFinished(
                 index,
                 call.name,
@@ -540,6 +828,17 @@ class ResearchLoop:
 
     def _context_limit(self) -> int:
         return self.limits.context_limit(self._context_cap)
+
+    def _reply_tokens(self, prompt: int) -> int:
+        """The longest reply that fits the served context beside ``prompt``.
+
+        A margin of `REPLY_MARGIN_SHARE` of the context (at least 32 tokens)
+        covers what the template adds that no count sees.
+        """
+        hard = self._hard_limit()
+        margin = max(32, int(hard * REPLY_MARGIN_SHARE))
+        room = hard - prompt - margin
+        return max(MIN_REPLY_TOKENS, min(self.limits.max_output_tokens, room))
 
     def _exhausted_budget(self) -> Termination | None:
         state, limits = self.state, self.limits
@@ -630,6 +929,10 @@ class ResearchLoop:
             error=error,
             answer_marked=answer_marked,
         )
+
+
+async def _just(event: Event) -> AsyncIterator[Event]:
+    yield event
 
 
 async def _parse_off_loop(raw: str) -> ToolCall | CallError:

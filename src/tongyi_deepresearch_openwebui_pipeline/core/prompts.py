@@ -207,3 +207,67 @@ SYNTHESIS_SOURCE = "[{number}] {title} ({url})\n{evidence}"
 def build_synthesis_system(today: dt.date) -> str:
     """The synthesis call's system message, with today's date."""
     return SYNTHESIS_SYSTEM + format_date(today)
+
+
+# -- Research beyond the context window: consolidate and continue --
+#
+# The resumption message is the lab's interface: ReSum (arXiv 2509.13313)
+# restarts the conversation as one user message in this exact shape
+# (Alibaba-NLP/DeepResearch, WebAgent/WebResummer/src/react_agent.py), and its
+# ReSum-GRPO agents were trained to continue from it, so it is reproduced byte
+# for byte (`resumption_message`). The lab's summary prompts were written for
+# its own summary model (ReSumTool-30B) and ask for the essential information
+# only, without the URLs that citations need or what is still open; this
+# project's summary model is the research model itself, so the request below
+# is its own: it is sent as one more user message after the conversation (the
+# reference wrap-up's shape), which the model reads in its own format.
+
+#: Asks for the research state that replaces the conversation.
+CONSOLIDATION_REQUEST = (
+    "Stop here and do not call any tool: the conversation has grown too long "
+    "for the context window. It will be cleared, and the research will go on "
+    "from the question and the state you write now; anything you leave out of "
+    "the state is lost.\n"
+    "\n"
+    "Write the state inside <summary></summary> tags, in three parts:\n"
+    "1. Established: every finding that bears on the question, each followed "
+    "by the URL of the page it came from. Keep exact names, numbers, dates and "
+    "short quotations.\n"
+    "2. Still open: what the question still needs, and the most promising "
+    "next steps.\n"
+    "3. Tried without success: searches and pages that gave nothing useful or "
+    "failed, so they are not repeated.\n"
+    "\n"
+    "Write only what the conversation shows; mark anything uncertain as "
+    "uncertain. Be complete but brief."
+)
+
+#: The lab's resumption text, between the question and the summary.
+_RESUMPTION_MIDDLE = (
+    "\nBelow is a summary of the previous conversation. This summary condenses "
+    "key information from earlier steps, so please consider it carefully. Assess "
+    "whether the summary provides enough information to answer the question and "
+    "use it as the basis for further reasoning and information gathering to "
+    "answer the question.\n"
+)
+
+#: Heads the list of pages read, which the loop adds inside the summary.
+PAGES_READ_HEADING = "Pages read so far (cite them by their URLs):"
+
+
+def resumption_message(question: str, summary: str) -> str:
+    """The user message a consolidated conversation restarts from (the lab's).
+
+    ``summary`` is the state without tags; it is wrapped in
+    ``<summary></summary>`` as the lab's summary tool returns it.
+    """
+    return (
+        "Question: "
+        + question
+        + _RESUMPTION_MIDDLE
+        + "Summary: "
+        + "<summary>"
+        + summary
+        + "</summary>"
+        + "\n"
+    )

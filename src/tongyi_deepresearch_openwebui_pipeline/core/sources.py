@@ -69,6 +69,16 @@ class Source:
     readers: set[int] = field(default_factory=set)
 
 
+def page_read(data: dict[str, Any]) -> tuple[str, str] | None:
+    """(url, title) of a page read (a source event's ``data``); None if not a page."""
+    source = data.get("source") or {}
+    metadata = (data.get("metadata") or [{}])[0] or {}
+    url = str(metadata.get("url") or metadata.get("source") or source.get("url") or "")
+    if not url.startswith(("http://", "https://")):
+        return None
+    return url, str(source.get("name") or metadata.get("name") or "")
+
+
 class SourceLedger:
     """The run's sources, in citation order."""
 
@@ -108,13 +118,11 @@ class SourceLedger:
 
         `reader` is the heavy run's rollout that read the page (0: none).
         """
-        source = data.get("source") or {}
-        metadata = (data.get("metadata") or [{}])[0] or {}
-        url = str(
-            metadata.get("url") or metadata.get("source") or source.get("url") or ""
-        )
-        if not url.startswith(("http://", "https://")):
+        page = page_read(data)
+        if page is None:
             return None
+        url, name = page
+        metadata = (data.get("metadata") or [{}])[0] or {}
         self.reads += 1
         documents = data.get("document") or [""]
         evidence = str(documents[0]) if documents else ""
@@ -134,9 +142,7 @@ class SourceLedger:
             for key in aliases:
                 self._by_key.setdefault(key, known)
             return None
-        title = self._unique_title(
-            str(source.get("name") or metadata.get("name") or ""), url
-        )
+        title = self._unique_title(name, url)
         entry = Source(
             number=len(self.sources) + 1,
             url=url,
@@ -408,12 +414,8 @@ class CitationRewriter:
         or of a tag in the last few characters — each bounded in length.
         """
         hold = len(text)
-        bracket = text.rfind("[")
-        if (
-            bracket >= 0
-            and len(text) - bracket <= MAX_LINK_CHARS
-            and _OPEN_LINK.match(text, bracket)
-        ):
+        bracket = _open_link(text)
+        if bracket >= 0:
             # An image's "!" belongs to its link: released alone, it could end
             # a URL just before it ("https://x!"), which the finished link
             # would not have.
@@ -436,27 +438,107 @@ class CitationRewriter:
                 return end, True
         hold = min(hold, _partial_tail(text, word_start, self._before))
         hold = min(hold, _scheme_then_open_group(text, word_start, self._before))
-        # Never cut through a finished link: its URL was matched as a whole.
-        for link in _MD_LINK.finditer(text):
-            if link.start() < hold < link.end():
-                return link.start(), False
+        # Never cut through a finished link or URL: each was matched as a whole
+        # ("<https://x[a](>" is one autolink, whatever "[a](" becomes, and
+        # "https://x!" one URL, whether or not "![" becomes an image).
+        finished = [*_MD_LINK.finditer(text), *_BARE_URL.finditer(text)]
+        for span in sorted(finished, key=lambda match: match.start(), reverse=True):
+            if span.start() < hold < span.end():
+                hold = span.start()  # spans starting later cannot hold it now
         return hold, False
 
 
 def _growing_url(text: str, word_start: int, previous: str) -> tuple[int, int] | None:
-    """(start, end) of a bare URL in the last word that may still grow."""
+    """(start, end) of a bare URL in the last word that may still grow.
+
+    A URL grows if it reaches the end of the text, or if an unclosed "(" that
+    may still become a group follows it to the end. That unclosed group can
+    hold URLs of its own ("https://b.org/y(https://b.org/y"): the first URL
+    that may grow is the one held back, or releasing it would end it before a
+    group that the whole text gives it.
+    """
     context = previous if word_start == 0 else " "
     probe = context + text[word_start:]
-    last = None
-    for last in _BARE_URL.finditer(probe):  # noqa: B007 - the last one is wanted
-        pass
-    if last is None or last.group(0).startswith("<"):
-        return None
-    end = last.end()
-    if end != len(probe) and _PARTIAL_GROUP.fullmatch(probe, end) is None:
-        return None
-    offset = word_start - 1
-    return max(last.start() + offset, 0), end + offset
+    # The only "(" that may still open a group: the last one, if nothing after
+    # it (")", "(", whitespace, too many characters) rules the group out.
+    paren = probe.rfind("(")
+    if paren < 0 or _PARTIAL_GROUP.fullmatch(probe, paren) is None:
+        paren = len(probe)
+    for match in _BARE_URL.finditer(probe):
+        end = match.end()
+        if match.group(0).startswith("<") or end not in (paren, len(probe)):
+            continue  # an autolink's ">" ends it; so does anything but "("
+        offset = word_start - 1
+        return max(match.start() + offset, 0), end + offset
+    return None
+
+
+def _open_link(text: str) -> int:
+    """Where the first "[" whose link may still be growing starts (-1: none).
+
+    Only the last "[" can still be in its link text ("[te", "[text]"). An
+    earlier one needs a "](" whose URL runs to the end, and that URL may hold
+    brackets: "[a](https://b.org/y[2" is one link, not "[2" after a URL. The
+    URL (then maybe a title) ends the text, so its "(" is found from the end.
+    """
+    low = max(0, len(text) - MAX_LINK_CHARS)
+    starts = [text.rfind("[", low)]
+    if text.find("](", low) < 0:
+        return starts[0] if starts[0] >= 0 and _OPEN_LINK.match(text, starts[0]) else -1
+    for end in _url_ends(text, low):
+        for paren in _link_parens(text, end, low):
+            if paren > low and text[paren - 1] == "]":
+                starts.append(text.rfind("[", low, paren - 1))
+    opened = [start for start in starts if start >= 0 and _OPEN_LINK.match(text, start)]
+    return min(opened, default=-1)
+
+
+def _url_ends(text: str, low: int) -> set[int]:
+    """Where an open link's URL may end: at the end, or before a title."""
+    blanks_start = low + len(text[low:].rstrip(" \t"))
+    ends = {len(text), blanks_start}
+    # A title's opening quote is the last one, or the one before the closing
+    # quote that (but for blanks) ends the text.
+    last = text.rfind('"', low)
+    openers = [last]
+    if last >= 0 and last + 1 == blanks_start:
+        openers.append(text.rfind('"', low, last))
+    for quote in openers:
+        if quote > low:
+            ends.add(low + len(text[low:quote].rstrip(" \t")))
+    return ends
+
+
+def _link_parens(text: str, end: int, low: int) -> list[int]:
+    """Where the "(" of a link whose URL ends at ``end`` may be.
+
+    Read from its end, a URL is: maybe an unclosed "(", then characters and
+    "(…)" groups. The link's "(" is that unclosed one or the first "(" that
+    cannot open a group; the text between it and ``end`` is then a URL.
+    """
+    found: list[int] = []
+    unclosed_allowed, in_group = True, False
+    marks = [mark.start() for mark in _PAREN_OR_SPACE.finditer(text, low, end)]
+    for index in reversed(marks):
+        char = text[index]
+        if char not in "()":
+            break  # whitespace: no URL reaches back over it
+        if char == ")":
+            if in_group:
+                break  # "))": no group closes the first, so no URL holds it
+            in_group, unclosed_allowed = True, False
+        elif char == "(":
+            if in_group:
+                in_group = False
+                continue
+            found.append(index)
+            if not unclosed_allowed:
+                break
+            unclosed_allowed = False
+    return found
+
+
+_PAREN_OR_SPACE = re.compile(r"[()\s]")
 
 
 def _scheme_then_open_group(text: str, word_start: int, previous: str) -> int:
@@ -478,8 +560,8 @@ def _partial_tail(text: str, word_start: int, previous: str) -> int:
     for size in range(min(len(_LONGEST_SCHEME), len(word)), 0, -1):
         tail = word[-size:]
         before = word[-size - 1] if size < len(word) else context
-        if _word_char(before):
-            continue
+        if _word_char(before) and not tail.startswith("<"):
+            continue  # "xhttp" starts no URL, but "x<https://…>" is an autolink
         if any(scheme.startswith(tail) for scheme in _SCHEMES):
             return min(hold, len(text) - size)
     return hold

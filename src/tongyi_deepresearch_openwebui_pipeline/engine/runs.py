@@ -101,16 +101,28 @@ def research(
     model: ModelPort,
     tools_for: Callable[[int], ToolPort],
     ledger: SourceLedger,
+    summarizer: ModelPort | None = None,
 ) -> AsyncIterator[RunEvent]:
     """Run `plan`: its events, ending with `RunFinished`.
 
-    `tools_for(k)` gives rollout k of a heavy run its tools (0: a single run).
+    `tools_for(k)` gives rollout k of a heavy run its tools (0: a single run);
+    `summarizer` writes the research state when a run consolidates (default:
+    `model`).
     """
     if plan.heavy is None:
         state = RunState(messages=list(plan.messages), started=time.monotonic())
-        return single_run(state, model, tools_for(0), plan.limits, ledger)
+        return single_run(
+            state, model, tools_for(0), plan.limits, ledger, summarizer=summarizer
+        )
     heavy = HeavyRun(
-        plan.messages, model, tools_for, ledger, plan.limits, plan.heavy, plan.today
+        plan.messages,
+        model,
+        tools_for,
+        ledger,
+        plan.limits,
+        plan.heavy,
+        plan.today,
+        summarizer=summarizer,
     )
     return heavy.run()
 
@@ -121,6 +133,8 @@ async def single_run(
     tools: ToolPort,
     limits: Limits,
     ledger: SourceLedger,
+    *,
+    summarizer: ModelPort | None = None,
 ) -> AsyncIterator[RunEvent]:
     """One research run: the loop's events, with the pages read numbered.
 
@@ -128,7 +142,8 @@ async def single_run(
     (`SourcesAdded` after the call that read them); `RunFinished` carries
     them all.
     """
-    async for event in ResearchLoop(state, model, tools, limits).run():
+    loop = ResearchLoop(state, model, tools, limits, summarizer=summarizer)
+    async for event in loop.run():
         for recorded in _with_sources(event, ledger, reader=0):
             yield recorded
 
@@ -177,6 +192,8 @@ class HeavyRun:
         settings: HeavySettings,
         today: dt.date,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        summarizer: ModelPort | None = None,
     ) -> None:
         """A heavy run of `messages` (system prompt, then the chat).
 
@@ -193,6 +210,7 @@ class HeavyRun:
         )
         self.today = today
         self.clock = clock
+        self.summarizer = summarizer
         self.started = clock()
 
     @property
@@ -254,6 +272,7 @@ class HeavyRun:
                     self.tools_for(rollout),
                     self._rollout_limits(),
                     self.clock,
+                    summarizer=self.summarizer,
                 )
                 async for event in loop.run():
                     ended |= isinstance(event, RunFinished)
@@ -296,7 +315,8 @@ class HeavyRun:
             ],
             started=self.started,
         )
-        limits = replace(self.limits, max_rounds=SYNTHESIS_ROUNDS)
+        # The synthesis request is built to fit: it answers, never consolidates.
+        limits = replace(self.limits, max_rounds=SYNTHESIS_ROUNDS, at_limit="wrap_up")
         loop = ResearchLoop(state, self.model, _NoTools(), limits, self.clock)
         async for event in loop.run():
             if not isinstance(event, RunFinished):
@@ -336,6 +356,15 @@ class HeavyRun:
             completion_tokens=sum(s.completion_tokens for s in stats),
             cost=sum(costs) if costs else None,
             seconds=self.clock() - self.started,
+            consolidations=sum(s.consolidations for s in stats),
+            consolidation_prompt_tokens=sum(
+                s.consolidation_prompt_tokens for s in stats
+            ),
+            consolidation_completion_tokens=sum(
+                s.consolidation_completion_tokens for s in stats
+            ),
+            peak_context_tokens=max(s.peak_context_tokens for s in stats),
+            served_context_tokens=self.limits.model_context_tokens,
         )
 
 

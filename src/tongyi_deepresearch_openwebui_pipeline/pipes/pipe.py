@@ -14,7 +14,8 @@ import datetime as dt
 import logging
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from dataclasses import replace
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -234,6 +235,39 @@ class _Settings(BaseModel):
             "without --parallel)."
         ),
     )
+    CONTEXT_STRATEGY: Literal["consolidate", "wrap_up"] = Field(
+        default="consolidate",
+        description=(
+            "When the conversation fills the context: 'consolidate' writes the "
+            "research state (findings with their URLs, open points, dead ends) "
+            "and goes on from it, so research outlives a 32K context; "
+            "'wrap_up' asks for the answer at once (the reference behaviour)."
+        ),
+    )
+    MAX_CONSOLIDATIONS: int = Field(
+        default=30,
+        ge=1,
+        le=200,
+        description="Most consolidations of one research run (then the wrap-up).",
+    )
+    SUMMARY_BASE_URL: str = Field(
+        default="",
+        description=(
+            "OpenAI-compatible endpoint that writes the research state when the "
+            "run consolidates; empty: the research model's server."
+        ),
+    )
+    SUMMARY_API_KEY: str = Field(
+        default="",
+        description=(
+            "API key of SUMMARY_BASE_URL (the research model's key is used only "
+            "when the summary runs on the research model's server)."
+        ),
+    )
+    SUMMARY_MODEL: str = Field(
+        default="",
+        description="Model id of the summary model; empty: MODEL_ID.",
+    )
     AUTO_INSTALL_TOOLS: bool = Field(
         default=True,
         description=(
@@ -242,7 +276,7 @@ class _Settings(BaseModel):
         ),
     )
 
-    @field_validator("API_KEY")
+    @field_validator("API_KEY", "SUMMARY_API_KEY")
     @classmethod
     def _encrypt_key(cls, value: str) -> str:
         # Stored encrypted when WEBUI_SECRET_KEY is set; see adapters.secrets.
@@ -255,6 +289,11 @@ class _Settings(BaseModel):
         if not value:
             raise ValueError("is required (e.g. http://localhost:8000/v1)")
         return value
+
+    @field_validator("SUMMARY_BASE_URL")
+    @classmethod
+    def _check_optional_url(cls, value: str) -> str:
+        return _http_url(value)
 
 
 def _with_tool_switches(settings: type[_Settings]) -> type[_Settings]:
@@ -373,11 +412,19 @@ class Pipe:
         emit = SafeEmitter(emitter)
         try:
             api_key = secrets.decrypt(valves.API_KEY)
+            summary_key = secrets.decrypt(valves.SUMMARY_API_KEY)
         except secrets.SecretError as error:
             await emit.status(str(error), done=True)
             yield f"> ⚠️ {error}\n"
             return
-        redact = _model_settings(valves, api_key).redactor()
+        redact = secrets.Redactor(
+            [
+                api_key,
+                summary_key,
+                *secrets.url_secrets(valves.API_BASE_URL),
+                *secrets.url_secrets(valves.SUMMARY_BASE_URL),
+            ]
+        )
         try:
             # The extractor may share the key: mask it in every HTTP log line.
             with secrets.guard_http_logs(redact):
@@ -386,6 +433,7 @@ class Pipe:
                     valves,
                     emit,
                     api_key=api_key,
+                    summary_key=summary_key,
                     user=user,
                     request=request,
                     metadata=metadata,
@@ -411,6 +459,7 @@ class Pipe:
         emit: SafeEmitter,
         *,
         api_key: str,
+        summary_key: str = "",
         user: dict[str, Any] | None,
         request: Any,
         metadata: dict[str, Any] | None,
@@ -481,8 +530,13 @@ class Pipe:
                 max_calls_per_turn=valves.MAX_CALLS_PER_TURN,
                 model_context_tokens=await served_context_tokens(http, settings),
                 max_output_tokens=valves.MAX_TOKENS,
+                at_limit=valves.CONTEXT_STRATEGY,
+                max_consolidations=valves.MAX_CONSOLIDATIONS,
             )
             model = OpenAIModelClient(settings, http)
+            summarizer = OpenAIModelClient(
+                _summary_settings(valves, settings, summary_key), http
+            )
 
             def tools_for(rollout: int) -> Toolbox:
                 if not rollout:
@@ -500,7 +554,7 @@ class Pipe:
                     else None
                 ),
             )
-            events = research(plan, model, tools_for, ledger)
+            events = research(plan, model, tools_for, ledger, summarizer)
             async for event in events:
                 rendered = renderer.render(event)
                 for payload in rendered.events:
@@ -575,6 +629,40 @@ def _model_settings(valves: _Settings, api_key: str) -> ModelSettings:
         max_tokens=valves.MAX_TOKENS,
         timeout_seconds=valves.REQUEST_TIMEOUT_SECONDS,
         max_attempts=valves.MAX_RETRIES,
+    )
+
+
+#: The summary call samples as the lab's ReSum summary call does.
+SUMMARY_TEMPERATURE = 0.6
+
+
+def _summary_settings(
+    valves: _Settings, research: ModelSettings, summary_key: str
+) -> ModelSettings:
+    """How to reach the summary model: its own endpoint, or the research model's.
+
+    The research model's key and URL credentials go to the summary endpoint
+    only when it is the research model's server (`SharedEndpoint`).
+    """
+    values = {
+        "SUMMARY_BASE_URL": valves.SUMMARY_BASE_URL,
+        "SUMMARY_API_KEY": summary_key,
+        "SUMMARY_MODEL": valves.SUMMARY_MODEL,
+    }
+    SharedEndpoint(
+        url_valve="SUMMARY_BASE_URL",
+        key_valve="SUMMARY_API_KEY",
+        model_valve="SUMMARY_MODEL",
+        base_url=research.base_url,
+        api_key=research.api_key,
+        model=research.model,
+    ).fill(values, {})
+    return replace(
+        research,
+        base_url=values["SUMMARY_BASE_URL"],
+        api_key=values["SUMMARY_API_KEY"],
+        model=values["SUMMARY_MODEL"] or research.model,
+        temperature=SUMMARY_TEMPERATURE,
     )
 
 

@@ -35,6 +35,9 @@ from urllib.parse import quote
 from ...core.events import (
     TERMINATION_TEXT,
     AnswerDelta,
+    Consolidated,
+    ConsolidationFailed,
+    ConsolidationStarted,
     ContextWarning,
     Event,
     ModelRetrying,
@@ -161,6 +164,48 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 
+def consolidation_card(event: Consolidated) -> str:
+    """A collapsible card with the state a consolidation wrote.
+
+    The state is the model's text: every line is shown literally (Markdown
+    and HTML escaped, tags broken as in reasoning), so it can neither forge
+    markup, nor load an image, nor end the card when a follow-up turn strips
+    the message's ``<details>`` blocks.
+    """
+    lines = "\n".join(
+        f"> {markdown_text(defuse_reasoning(line))}"
+        for line in event.summary.splitlines()
+    )
+    title = (
+        f"Consolidation {event.number} · context {event.tokens_before:,} → "
+        f"{event.tokens_after:,} tokens"
+    )
+    return (
+        f"\n\n<details>\n<summary>{html.escape(title)}</summary>\n\n"
+        f"{lines}\n\n</details>\n\n"
+    )
+
+
+def _context_lines(stats: RunStats) -> list[str]:
+    """The summary's lines on consolidations and the peak context."""
+    lines: list[str] = []
+    if stats.consolidations:
+        lines.append(
+            f"- Consolidations: {stats.consolidations} (summary calls: "
+            f"{stats.consolidation_prompt_tokens:,} tokens in / "
+            f"{stats.consolidation_completion_tokens:,} out)"
+        )
+    if stats.peak_context_tokens and stats.served_context_tokens:
+        share = stats.peak_context_tokens / stats.served_context_tokens
+        lines.append(
+            f"- Peak context: {stats.peak_context_tokens:,} of "
+            f"{stats.served_context_tokens:,} tokens served ({share:.0%})"
+        )
+    elif stats.peak_context_tokens:
+        lines.append(f"- Peak context: {stats.peak_context_tokens:,} tokens")
+    return lines
+
+
 def _rollout_line(rollout: RolloutSummary) -> str:
     stats = rollout.stats
     ending = rollout.error or TERMINATION_TEXT.get(rollout.reason, rollout.reason)
@@ -196,6 +241,7 @@ def summary_block(
         f"- Pages read: {ledger.reads} of {stats.pages_requested} requested "
         f"({len(ledger)} cited as sources)",
         f"- Tokens: {stats.prompt_tokens:,} in / {stats.completion_tokens:,} out",
+        *_context_lines(stats),
     ]
     if stats.cost is not None:
         lines.append(f"- Cost: ${stats.cost:.4f}")
@@ -324,6 +370,11 @@ class ChatRenderer:
             return self._think(event.text)
         if isinstance(event, AnswerDelta):
             return self._answer(event.text)
+        if isinstance(event, Consolidated):
+            text = self._close_think()
+            if self.display.tool_cards:
+                text += consolidation_card(event)
+            return text
         if isinstance(event, ToolCallFinished):
             text = self._close_think()
             if self.display.tool_cards:
@@ -355,12 +406,40 @@ class ChatRenderer:
         if isinstance(event, ContextWarning):
             self._warnings.append(event.text)
             return f"⚠️ {event.text}"
+        if isinstance(
+            event,
+            WrappingUp | ConsolidationStarted | Consolidated | ConsolidationFailed,
+        ):
+            return self._at_limit_status(event)
+        return ""
+
+    def _at_limit_status(
+        self,
+        event: WrappingUp | ConsolidationStarted | Consolidated | ConsolidationFailed,
+    ) -> str:
+        """A budget ran out: the wrap-up, or a consolidation's progress."""
         if isinstance(event, WrappingUp):
             return (
                 f"{self._prefix()} · {TERMINATION_TEXT[event.reason]}: asking for the "
                 "final answer"
             )
-        return ""
+        if isinstance(event, ConsolidationStarted):
+            return (
+                f"{self._prefix()} · context full ({event.context_tokens:,} of "
+                f"{event.context_limit:,} tokens): consolidating the research "
+                f"({event.number} of at most {event.max_consolidations})…"
+            )
+        if isinstance(event, Consolidated):
+            return (
+                f"{self._prefix()} · consolidated: context {event.tokens_before:,} "
+                f"→ {event.tokens_after:,} tokens; the research goes on"
+            )
+        warning = (
+            f"Consolidation {event.number} failed ({event.reason}); asking for "
+            "the final answer."
+        )
+        self._warnings.append(warning)
+        return f"⚠️ {warning}"
 
     @property
     def card_scope(self) -> str:

@@ -1,0 +1,102 @@
+"""A long scripted research for the context-consolidation tests and benchmark.
+
+The model reads one page per round (`/count/<k>` of a `PageSite`, or any URL
+`page_url` gives) for `rounds - 1` rounds, each page's evidence 2-3K tokens,
+then answers citing the first page it read, but only if that page's URL is
+still in the conversation it was sent: a state that lost it loses the
+citation. Asked for the answer (the reference wrap-up), it answers at once.
+Asked for a research state (the consolidation request), it writes
+one naming only the latest page, as a forgetful summary model would.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from tongyi_deepresearch_openwebui_pipeline.core.prompts import (
+    CONSOLIDATION_REQUEST,
+    WRAP_UP_MESSAGE,
+)
+
+from .openai_server import Reply, answer, tool_call
+
+_PAGE_NUMBER = re.compile(r"/count/(\d+)")
+
+
+def evidence_for(page: int) -> str:
+    """Evidence of 2-3K tokens (by the package's estimate) for page `page`."""
+    sentences = 105 + (page * 37) % 40
+    return " ".join(
+        f"Finding {page}.{i}: item {page} has property number {i}."
+        for i in range(sentences)
+    )
+
+
+class LongResearch:
+    """Answers every request of one scripted research (thread-safe)."""
+
+    def __init__(
+        self,
+        page_url: Callable[[int], str],
+        rounds: int = 40,
+        summary_fails: bool = False,
+    ) -> None:
+        """`rounds` research turns in all, the last one the answer."""
+        self.page_url = page_url
+        self.rounds = rounds
+        self.summary_fails = summary_fails
+        self.turns = 0
+        self.summaries = 0
+        self.extractions = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        """The reply to one request (research turn, summary or extraction)."""
+        messages = body["messages"]
+        if not body.get("stream"):
+            return self._extraction(messages)
+        if messages[-1].get("content") == CONSOLIDATION_REQUEST:
+            return self._summary(messages)
+        with self._lock:
+            self.turns += 1
+            turn = self.turns
+        wrap_up = messages[-1].get("content") == WRAP_UP_MESSAGE
+        if turn < self.rounds and not wrap_up:
+            return Reply(
+                reasoning=f"Round {turn}: read the next page.",
+                content=tool_call(
+                    "visit", {"url": [self.page_url(turn)], "goal": f"facts {turn}"}
+                ),
+            )
+        first = self.page_url(1)
+        seen = any(first in str(m.get("content")) for m in messages)
+        cited = f"The first finding is on [page 1]({first})." if seen else "No source."
+        return Reply(reasoning="Enough.", content=answer(cited))
+
+    def _summary(self, messages: list[dict[str, Any]]) -> Reply:
+        with self._lock:
+            self.summaries += 1
+        if self.summary_fails:
+            return Reply(status=500, error="summary model down")
+        urls = re.findall(r"https?://\S+?/count/\d+", json.dumps(messages))
+        latest = urls[-1] if urls else "nothing yet"
+        return Reply(
+            reasoning="Condense what was found.",
+            content=(
+                "<summary>\n1. Established: items have numbered properties "
+                f"(latest page: {latest}).\n2. Still open: more pages.\n"
+                "3. Tried without success: nothing.\n</summary>"
+            ),
+        )
+
+    def _extraction(self, messages: list[dict[str, Any]]) -> Reply:
+        with self._lock:
+            self.extractions += 1
+        found = _PAGE_NUMBER.search(str(messages[-1].get("content")))
+        page = int(found.group(1)) if found else 0
+        evidence = {"rational": "r", "evidence": evidence_for(page), "summary": "s"}
+        return Reply(content=json.dumps(evidence))
