@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -162,6 +162,10 @@ async def test_stop_while_the_model_streams_its_reply() -> None:
         assert gate.released_by == "client left"
         streamed = "".join(run.chunks).count("word")
         assert 0 < streamed < 2000  # stopped in the middle
+        # The last status line says so and is done (it no longer spins).
+        last = [e for e in run.events if e.get("type") == "status"][-1]
+        assert last["data"]["description"] == "Stopped"
+        assert last["data"]["done"] is True
         await assert_next_chat_works(pipe, fake)
 
 
@@ -277,4 +281,119 @@ async def test_stop_while_several_pages_and_searches_are_in_flight() -> None:
         )
         assert len(engine_watch.released_by) == 2
         assert len(site_watch.released_by) == 3
+        await assert_next_chat_works(pipe, fake)
+
+
+# -- closing the outermost generator only ---------------------------------------------
+#
+# Open WebUI's middleware may end a response by calling ``aclose()`` on its own
+# wrapper around the pipe's generator, so only the outermost generator is told.
+# The generators under it (Pipe._turn -> _research -> research() -> the run ->
+# ResearchLoop.run -> the model stream) must be closed by that call, before it
+# returns, not later by garbage collection. The proof: right after ``aclose()``
+# returns, the test blocks the event loop (so nothing else can run on it) and
+# the fake model server must see the client leave all the same; without
+# `contextlib.aclosing` the inner generators would only be closed by the event
+# loop's async-generator finalizer, in tasks that run after aclose() returned.
+
+HEAVY = "tongyi_deepresearch.tongyi-deepresearch-heavy"
+
+
+def blocking_wait(condition: Callable[[], bool]) -> bool:
+    """Wait for ``condition()`` WITHOUT running the event loop (upper bound only)."""
+    for _ in range(int(WAIT_SECONDS / 0.02)):
+        if condition():
+            return True
+        threading.Event().wait(0.02)
+    return condition()
+
+
+def open_chat(
+    pipe: Pipe, model: str | None = None
+) -> tuple[AsyncGenerator[str, None], list[str]]:
+    """The pipe's generator for one chat, as Open WebUI holds it, and its output."""
+    body: dict[str, Any] = {"messages": QUESTION, "stream": True}
+    if model is not None:
+        body["model"] = model
+
+    async def emitter(_event: dict[str, Any]) -> None:
+        return None
+
+    chat = pipe.pipe(
+        body, __user__={"id": "u1"}, __event_emitter__=emitter, __chat_id__="c1"
+    )
+    return chat, []
+
+
+async def read_until(
+    chat: AsyncGenerator[str, None], chunks: list[str], condition: Callable[[], bool]
+) -> None:
+    """Read the chat's chunks until ``condition()`` holds (it then rests at a yield)."""
+    async with asyncio.timeout(WAIT_SECONDS):
+        while not condition():
+            chunks.append(await anext(chat))
+
+
+async def test_closing_the_outermost_generator_closes_the_whole_chain() -> None:
+    with no_handler_thread_survives(), FakeOpenAI() as fake:
+        gate = StreamGate(
+            after="word word word",
+            client_gone=ClientWatch(fake.server).connection_closed,
+        )
+        fake.script(Reply(content=answer("word " * 2000), chunk_size=2, gates=(gate,)))
+        pipe = real_tools_pipe(fake, {})
+        before = asyncio.all_tasks()
+        chat, chunks = open_chat(pipe)
+        await read_until(chat, chunks, lambda: "word word" in "".join(chunks))
+        # The chat rests at a yield; the server holds the rest of the reply.
+        assert await asyncio.to_thread(gate.reached.wait, WAIT_SECONDS)
+        async with asyncio.timeout(WAIT_SECONDS):
+            await chat.aclose()  # the outermost generator only
+        # Nothing runs on the loop while this waits: the connection was closed
+        # inside aclose(), or the server never sees the client leave.
+        assert blocking_wait(lambda: bool(gate.released_by)), "the model stream is open"
+        assert gate.released_by == "client left"
+
+        def leftover() -> set[asyncio.Task[Any]]:
+            return asyncio.all_tasks() - before - {asyncio.current_task()}
+
+        with contextlib.suppress(TimeoutError):
+            await eventually(lambda: not leftover(), "tasks to finish")
+        assert leftover() == set()
+        await assert_clients_left([fake.server], [])
+        assert 0 < "".join(chunks).count("word") < 2000
+        await assert_next_chat_works(pipe, fake)
+
+
+async def test_closing_the_outermost_generator_stops_every_rollout() -> None:
+    """Heavy: one rollout has answered, the other's request is held; aclose()."""
+    with no_handler_thread_survives(), FakeOpenAI() as fake:
+        watch = ClientWatch(fake.server)
+        answered = threading.Lock()
+        first = [True]
+
+        def respond(_body: dict[str, Any]) -> Reply:
+            with answered:
+                mine, first[0] = first[0], False
+            if mine:
+                return Reply(content=answer("Rollout one says Ada."))
+            watch.hold()  # the other rollout: until its client leaves
+            return Reply(content=answer("too late"))
+
+        fake.respond_with(respond)
+        pipe = real_tools_pipe(fake, {}, HEAVY_ENABLED=True, HEAVY_ROLLOUTS=2)
+        before = asyncio.all_tasks()
+        chat, chunks = open_chat(pipe, HEAVY)
+        # The finished rollout's block comes out while the other one is held.
+        await read_until(
+            chat, chunks, lambda: "Rollout one says Ada." in "".join(chunks)
+        )
+        assert await asyncio.to_thread(watch.arrived.wait, WAIT_SECONDS)
+        async with asyncio.timeout(WAIT_SECONDS):
+            await chat.aclose()
+        # Right after aclose(), before the loop runs anything else: the rollout
+        # tasks were cancelled and awaited inside it.
+        assert asyncio.all_tasks() - before - {asyncio.current_task()} == set()
+        assert blocking_wait(lambda: bool(watch.released_by)), "a rollout's request"
+        await assert_clients_left([fake.server], [watch])
         await assert_next_chat_works(pipe, fake)

@@ -55,3 +55,16 @@ def test_every_package_module_is_in_the_agents_layout():
 def test_changelog_has_a_section_for_this_version():
     changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     assert f"## [{__version__}]" in changelog
+
+
+def test_the_dockerfile_installs_this_wheel_into_the_supported_image():
+    dockerfile = (ROOT / "deploy/Dockerfile").read_text(encoding="utf-8")
+    version = re.search(r"ARG OPEN_WEBUI_VERSION=(\S+)", dockerfile)
+    assert version is not None
+    # The image is the Open WebUI version the end-to-end suite runs by default.
+    lib = (ROOT / "scripts/_lib.sh").read_text(encoding="utf-8")
+    assert f"OPEN_WEBUI_VERSION:-{version.group(1)}" in lib
+    assert "FROM ghcr.io/open-webui/open-webui:v${OPEN_WEBUI_VERSION}" in dockerfile
+    assert "tongyi_deepresearch_openwebui_pipeline-*-py3-none-any.whl" in dockerfile
+    assert "ENV ENABLE_PIP_INSTALL_FRONTMATTER_REQUIREMENTS=false" in dockerfile
+    assert "deploy/Dockerfile" in README

@@ -16,10 +16,16 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.fakes.openwebui_shapes import SHAPES, SYNC_SHAPES, FakeOpenWebUI
+from tests.fakes.openwebui_shapes import (
+    SHAPES,
+    SYNC_SHAPES,
+    DuplicateIdError,
+    FakeOpenWebUI,
+)
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui import compat, registry
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
     TOOL_MODULES,
@@ -200,6 +206,179 @@ async def test_same_version_admin_edit_is_left_alone_and_logged_once(
     assert kept[0].levelno == logging.INFO
 
 
+def _store_version(owui: FakeOpenWebUI, tool_id: str, version: str) -> str:
+    """Make the stored row look written by release ``version``; its content."""
+    row = owui.tools[tool_id]
+    row.content = with_version(row.content, version)
+    row.meta = {**row.meta, "manifest": {**row.meta["manifest"], "version": version}}
+    return row.content
+
+
+def _bump(version: str, by: int) -> str:
+    """``version`` with its last number moved by ``by`` ("0.1.0", 1: "0.1.1")."""
+    *head, last = version.split(".")
+    return ".".join([*head, str(int(last) + by)])
+
+
+async def test_a_newer_stored_version_is_never_downgraded(
+    owui: FakeOpenWebUI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An old replica (re)started after a new one leaves the new row alone."""
+    await registry.ensure_tools_installed(["search"])
+    tool = packaged("search")
+    # "0.1.10" > "0.1.9": a string comparison would get this one wrong.
+    newer = _bump(tool.version, 10)
+    content = _store_version(owui, "deepresearch_search", newer)
+    writes = owui.tools["deepresearch_search"].writes
+    owui.calls.clear()
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    first = await registry.ensure_tools_installed(["search"])
+    second = await registry.ensure_tools_installed(["search"])
+    assert first.statuses == second.statuses == {"deepresearch_search": registry.NEWER}
+    row = owui.tools["deepresearch_search"]
+    assert (row.content, row.writes) == (content, writes)
+    assert row.meta["manifest"]["version"] == newer
+    assert not any(call.startswith(("insert", "update")) for call in owui.calls)
+    lines = [r for r in caplog.records if "not downgrading" in r.getMessage()]
+    assert len(lines) == 1
+    assert lines[0].levelno == logging.INFO
+    assert newer in lines[0].getMessage()
+    assert tool.version in lines[0].getMessage()
+
+
+async def test_an_older_stored_version_is_updated_once(owui: FakeOpenWebUI) -> None:
+    await registry.ensure_tools_installed(["search"])
+    tool = packaged("search")
+    # "0.0.10" < "0.1.0" although it is the longer string.
+    older = "0.0.10" if tool.version == "0.1.0" else "0.0.1"
+    _store_version(owui, "deepresearch_search", older)
+    writes = owui.tools["deepresearch_search"].writes
+    first = await registry.ensure_tools_installed(["search"])
+    second = await registry.ensure_tools_installed(["search"])
+    assert first.statuses == {"deepresearch_search": registry.UPDATED}
+    assert second.statuses == {"deepresearch_search": registry.CURRENT}
+    row = owui.tools["deepresearch_search"]
+    assert row.writes == writes + 1
+    assert row.content == compat.replace_imports(tool.content)
+    assert row.meta["manifest"]["version"] == tool.version
+
+
+async def test_an_equal_version_is_untouched(owui: FakeOpenWebUI) -> None:
+    """The same release written another way ("0.1" for "0.1.0") is not an update."""
+    await registry.ensure_tools_installed(["search"])
+    tool = packaged("search")
+    same = tool.version.removesuffix(".0")
+    assert same != tool.version
+    content = _store_version(owui, "deepresearch_search", same)
+    writes = owui.tools["deepresearch_search"].writes
+    owui.calls.clear()
+    report = await registry.ensure_tools_installed(["search"])
+    # Its content differs from the package's by the version line: kept.
+    assert report.statuses == {"deepresearch_search": registry.KEPT}
+    row = owui.tools["deepresearch_search"]
+    assert (row.content, row.writes) == (content, writes)
+    assert not any(call.startswith(("insert", "update")) for call in owui.calls)
+
+
+async def test_mixed_versions_rolling_upgrade_ends_on_the_newest(
+    owui: FakeOpenWebUI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New replica, then an old one restarts, then the new one again: no flapping."""
+    old = packaged("search")
+    await registry.ensure_tools_installed(["search"])  # the old release installs
+    new_version = _bump(old.version, 1)
+    new = registry.PackagedTool(
+        old.spec,
+        with_version(old.content, new_version),
+        {**old.frontmatter, "version": new_version},
+    )
+
+    def package_is(tool: registry.PackagedTool) -> None:
+        monkeypatch.setattr(registry, "packaged_tool", lambda _spec: tool)
+
+    package_is(new)
+    assert (await registry.ensure_tools_installed(["search"])).statuses == {
+        "deepresearch_search": registry.UPDATED
+    }
+    writes = owui.tools["deepresearch_search"].writes
+    package_is(old)  # an old replica restarts
+    assert (await registry.ensure_tools_installed(["search"])).statuses == {
+        "deepresearch_search": registry.NEWER
+    }
+    package_is(new)
+    assert (await registry.ensure_tools_installed(["search"])).statuses == {
+        "deepresearch_search": registry.CURRENT
+    }
+    row = owui.tools["deepresearch_search"]
+    assert row.writes == writes
+    assert row.content == compat.replace_imports(new.content)
+
+
+async def test_a_stored_row_without_a_version_is_updated(owui: FakeOpenWebUI) -> None:
+    await registry.ensure_tools_installed(["search"])
+    row = owui.tools["deepresearch_search"]
+    row.content = "".join(
+        line
+        for line in row.content.splitlines(keepends=True)
+        if not line.startswith("version:")
+    )
+    row.meta = {"description": "old", "manifest": {}}
+    report = await registry.ensure_tools_installed(["search"])
+    assert report.statuses == {"deepresearch_search": registry.UPDATED}
+    assert owui.tools["deepresearch_search"].meta["manifest"]["version"] == (
+        packaged("search").version
+    )
+
+
+async def test_a_version_that_cannot_be_ordered_is_left_alone(
+    owui: FakeOpenWebUI, caplog: pytest.LogCaptureFixture
+) -> None:
+    await registry.ensure_tools_installed(["search"])
+    content = _store_version(owui, "deepresearch_search", "my-own-build")
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    report = await registry.ensure_tools_installed(["search"])
+    assert report.statuses == {"deepresearch_search": registry.KEPT}
+    assert owui.tools["deepresearch_search"].content == content
+    assert any("cannot be compared" in r.getMessage() for r in caplog.records)
+
+
+VERSION_ORDER = [
+    ("0.1.0", "0.1.0", 0),
+    ("0.1", "0.1.0", 0),
+    ("0.1.10", "0.1.9", 1),
+    ("0.0.10", "0.1.0", -1),
+    ("1.0.0", "0.99.99", 1),
+    ("0.2.0rc1", "0.1.0", 1),
+    ("v1.2.3", "1.2.3", 0),
+]
+
+
+@pytest.mark.parametrize(("a", "b", "order"), VERSION_ORDER)
+@pytest.mark.parametrize("with_packaging", [True, False])
+def test_versions_are_ordered_by_their_numbers(
+    monkeypatch: pytest.MonkeyPatch, a: str, b: str, order: int, with_packaging: bool
+) -> None:
+    if not with_packaging:
+        # Without `packaging`: the small numeric comparison.
+        monkeypatch.setitem(sys.modules, "packaging.version", None)  # type: ignore[arg-type]
+    assert registry.compare_versions(a, b) == order
+    assert registry.compare_versions(b, a) == -order
+
+
+@pytest.mark.parametrize("with_packaging", [True, False])
+def test_versions_that_cannot_be_ordered_give_none(
+    monkeypatch: pytest.MonkeyPatch, with_packaging: bool
+) -> None:
+    if not with_packaging:
+        monkeypatch.setitem(sys.modules, "packaging.version", None)  # type: ignore[arg-type]
+        # Without PEP 440 a pre-release of the same numbers is not ordered.
+        assert registry.compare_versions("0.1.0rc1", "0.1.0") is None
+    else:
+        assert registry.compare_versions("0.1.0rc1", "0.1.0") == -1
+    assert registry.compare_versions("my-own-build", "0.1.0") is None
+    assert registry.compare_versions("0.1.0", "") is None
+
+
 async def test_a_foreign_tool_with_the_same_id_is_never_touched(
     owui: FakeOpenWebUI, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -235,6 +414,42 @@ async def test_concurrent_workers_create_exactly_one_row_per_tool(
         statuses = sorted(report.statuses[tool_id] for report in reports)
         assert statuses == [registry.CREATED] + [registry.CURRENT] * (workers - 1)
     assert all(not report.errors for report in reports)
+
+
+async def test_an_insert_that_loses_the_race_reads_the_row_as_installed(
+    owui: FakeOpenWebUI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another replica inserts between our read and our insert, on every shape.
+
+    The barrier test above cannot show this on the async shapes (the fake's
+    reads and loads never suspend, so the last worker through the barrier
+    creates the row before the others read): here the other replica's insert
+    lands first, always. 0.12 raises on the duplicate primary key (its
+    IntegrityError), 0.6 – 0.11 return None; either way the row is re-read,
+    counted as installed, and nothing is written twice.
+    """
+    insert = compat.insert_new_tool
+    ours: list[str] = []
+
+    async def other_replica_first(user_id: str, form: Any, specs: list[Any]) -> Any:
+        await insert("admin-other", form, specs)  # the other replica's insert wins
+        try:
+            row = await insert(user_id, form, specs)
+        except DuplicateIdError as error:
+            ours.append(type(error).__name__)
+            raise
+        ours.append(repr(row))
+        return row
+
+    monkeypatch.setattr(compat, "insert_new_tool", other_replica_first)
+    report = await registry.ensure_tools_installed(NAMES)
+    assert report.statuses == dict.fromkeys(IDS, registry.CURRENT)
+    assert report.errors == {}
+    expected = "DuplicateIdError" if owui.shape == "0.12" else "None"
+    assert ours == [expected] * len(IDS)
+    assert sorted(owui.tools) == sorted(IDS)
+    for row in owui.tools.values():
+        assert (row.user_id, row.writes) == ("admin-other", 1)
 
 
 # -- failures --------------------------------------------------------------------------

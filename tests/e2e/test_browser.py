@@ -1,5 +1,8 @@
 """A user in headless Chromium: sign in, pick the model, ask, see the research.
 
+Also: the Stop button ends a live research run (the model's connection is
+dropped, the message is saved as done, no task is left).
+
 Chromium is Debian's ``/usr/bin/chromium`` (or ``TDR_CHROMIUM``) driven by
 Playwright; ``playwright install`` is never used. Every request the page makes
 to anything but 127.0.0.1 is aborted. The screenshot is saved in
@@ -8,10 +11,11 @@ to anything but 127.0.0.1 is aborted. The screenshot is saved in
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -19,11 +23,12 @@ import pytest
 from playwright.async_api import Page, Route, async_playwright
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
-from tests.fakes.openai_server import Reply, answer, tool_call
+from tests.fakes.client_watch import ClientWatch
+from tests.fakes.openai_server import FakeOpenAI, Reply, StreamGate, answer, tool_call
 from tests.fakes.searxng import FakeSearXNG, result
 
-from .conftest import ADMIN_EMAIL, ADMIN_PASSWORD, OwuiSession, unavailable
-from .owui import ARTIFACTS, ScriptedModel
+from .conftest import ADMIN_EMAIL, ADMIN_PASSWORD, OwuiSession, pipe_valves, unavailable
+from .owui import ARTIFACTS, FUNCTION_ID, Api, ScriptedModel, owui_version_tuple
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -218,3 +223,117 @@ async def test_user_sees_a_heavy_run_rollouts_and_synthesis(
         )
     assert HEAVY_SCREENSHOT.stat().st_size > 10_000
     assert len(model.synthesis_bodies) == 1
+
+
+# -- the Stop button ---------------------------------------------------------------
+
+STOP_QUESTION = "How long do offshore turbine bearings last?"
+STOP_KEY = "turbine bearings"
+#: The answer streams this far, then the model server holds the rest.
+STOP_SHOWN = "Bearings last long long long"
+STOP_SCREENSHOT = ARTIFACTS / "browser-stop.png"
+#: Generous upper bounds only: nothing here is a timed assertion.
+STOP_WAIT_SECONDS = 120.0
+
+
+VALVES = f"/api/v1/functions/id/{FUNCTION_ID}/valves/update"
+
+
+@pytest.fixture
+def patient_pipe(owui: OwuiSession, fake_model: FakeOpenAI) -> Iterator[None]:
+    """The pipe never gives up on the model by itself while the test runs.
+
+    The session's 60-second request timeout would drop a held stream on its
+    own: only the Stop may end this run. The valves are put back afterwards.
+    """
+    owui.api.post(
+        VALVES,
+        {**pipe_valves(fake_model), "REQUEST_TIMEOUT_SECONDS": 3600, "MAX_RETRIES": 1},
+    )
+    try:
+        yield
+    finally:
+        owui.api.post(VALVES, pipe_valves(fake_model))
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    """Poll ``check()`` (run in a thread: it may block) until it holds."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(STOP_WAIT_SECONDS):
+            while not await asyncio.to_thread(check):
+                await asyncio.sleep(0.25)
+    assert await asyncio.to_thread(check), f"still waiting for {what}"
+
+
+def chat_task_ids(api: Api, chat_id: str) -> list[str]:
+    """The chat's running task ids (``GET /api/tasks/chat/{chat_id}``, 0.12)."""
+    return list(api.get(f"/api/tasks/chat/{chat_id}")["task_ids"])
+
+
+def reply_is_saved_done(api: Api, chat_id: str) -> bool:
+    """Whether the chat's current (assistant) message is saved as done."""
+    history = api.get_chat(chat_id)["chat"]["history"]
+    message = history["messages"].get(history.get("currentId")) or {}
+    return message.get("role") == "assistant" and message.get("done") is True
+
+
+async def test_stop_button_ends_the_research(
+    page: Page, owui: OwuiSession, model: ScriptedModel, patient_pipe: None
+) -> None:
+    """Single-process Open WebUI: Stop cancels the chat's task and the run ends."""
+    if owui_version_tuple() < (0, 12):
+        pytest.skip("the Stop button's label and /api/tasks/chat are 0.12's")
+    # The model server streams the answer's start, then holds the rest until
+    # its client leaves: only a run that really ends releases it.
+    gate = StreamGate(
+        after=STOP_SHOWN,
+        timeout=600.0,  # never reached by a passing test
+        client_gone=ClientWatch(model.fake.server).connection_closed,
+    )
+    model.conversation(
+        STOP_KEY,
+        Reply(
+            reasoning="The bearing studies should say.",
+            content=answer(STOP_SHOWN + " long" * 3000),
+            chunk_size=8,
+            gates=(gate,),
+        ),
+    )
+    try:
+        await sign_in_and_ask(page, owui, MODEL_NAME, STOP_QUESTION)
+        # The run is live: its answer is streaming in the page, the server
+        # holds the rest, and Open WebUI lists the chat's task.
+        await page.get_by_text(STOP_SHOWN).first.wait_for(timeout=90_000)
+        assert await asyncio.to_thread(gate.reached.wait, STOP_WAIT_SECONDS)
+        await page.wait_for_url(re.compile(r"/c/[^/?#]+$"), timeout=60_000)
+        chat_id = urlsplit(page.url).path.rsplit("/", 1)[-1]
+        assert await asyncio.to_thread(chat_task_ids, owui.api, chat_id)
+        assert gate.released_by == ""
+
+        await page.get_by_role("button", name="Stop", exact=True).click()
+
+        # The pipe dropped the model's stream: the server saw its client leave
+        # (not the gate's deadline, not the server stopping).
+        await until(lambda: bool(gate.released_by), "the model stream to end")
+        assert gate.released_by == "client left"
+        # No task of the chat is left, and the reply is saved as done.
+        await until(
+            lambda: not chat_task_ids(owui.api, chat_id), "the chat's task to end"
+        )
+        await until(
+            lambda: reply_is_saved_done(owui.api, chat_id), "the reply saved as done"
+        )
+        # The page shows the stopped answer as it was, with no Stop button.
+        await page.get_by_role("button", name="Stop", exact=True).wait_for(
+            state="hidden", timeout=60_000
+        )
+        await page.get_by_text(STOP_SHOWN).first.wait_for(timeout=10_000)
+    finally:
+        ARTIFACTS.mkdir(exist_ok=True)
+        await page.screenshot(path=str(STOP_SCREENSHOT), full_page=True)
+    # One request: nothing was retried after the stop.
+    assert len(model.bodies(STOP_KEY)) == 1
+    saved = await asyncio.to_thread(owui.api.get_chat, chat_id)
+    history = saved["chat"]["history"]
+    reply = history["messages"][history["currentId"]]
+    assert STOP_SHOWN in str(reply.get("content") or reply.get("output"))

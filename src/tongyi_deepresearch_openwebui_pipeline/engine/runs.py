@@ -22,15 +22,20 @@ Decisions (each has a test in tests/test_heavy.py):
 - The run's time limit holds across rollouts: they stop early enough to leave
   the synthesis `synthesis_reserve` of it. Cancelling the run cancels every
   rollout and the synthesis.
+- Closing a run's generator (``aclose()``, as a front end's Stop does) closes
+  the generators under it before it returns: every ``async for`` over an
+  inner generator runs inside ``contextlib.aclosing``, never leaving one to
+  garbage collection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import datetime as dt
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -102,7 +107,7 @@ def research(
     tools_for: Callable[[int], ToolPort],
     ledger: SourceLedger,
     summarizer: ModelPort | None = None,
-) -> AsyncIterator[RunEvent]:
+) -> AsyncGenerator[RunEvent, None]:
     """Run `plan`: its events, ending with `RunFinished`.
 
     `tools_for(k)` gives rollout k of a heavy run its tools (0: a single run);
@@ -135,7 +140,7 @@ async def single_run(
     ledger: SourceLedger,
     *,
     summarizer: ModelPort | None = None,
-) -> AsyncIterator[RunEvent]:
+) -> AsyncGenerator[RunEvent, None]:
     """One research run: the loop's events, with the pages read numbered.
 
     The sources the tools return are recorded in `ledger` as they come
@@ -143,9 +148,23 @@ async def single_run(
     them all.
     """
     loop = ResearchLoop(state, model, tools, limits, summarizer=summarizer)
-    async for event in loop.run():
-        for recorded in _with_sources(event, ledger, reader=0):
-            yield recorded
+    async with _closing(loop.run()) as events:
+        async for event in events:
+            for recorded in _with_sources(event, ledger, reader=0):
+                yield recorded
+
+
+def _closing(
+    events: AsyncIterator[Event],
+) -> contextlib.aclosing[AsyncGenerator[Event, None]]:
+    """``contextlib.aclosing`` for the loop's events (an async generator).
+
+    `ResearchLoop.run` is typed as the iterator it is used as; the generator
+    behind it has the ``aclose()`` this needs.
+    """
+    if not isinstance(events, AsyncGenerator):  # pragma: no cover - a port's bug
+        raise TypeError(f"expected an async generator, got {type(events).__name__}")
+    return contextlib.aclosing(events)
 
 
 def _with_sources(event: Event, ledger: SourceLedger, reader: int) -> list[Event]:
@@ -218,23 +237,25 @@ class HeavyRun:
         """How many rollouts this run starts."""
         return self.settings.rollouts
 
-    async def run(self) -> AsyncIterator[RunEvent]:
+    async def run(self) -> AsyncGenerator[RunEvent, None]:
         """Yield every rollout's events as they come, then the synthesis's."""
         finished: dict[int, RunFinished] = {}
-        async for event in self._rollouts():
-            if isinstance(event.event, RunFinished):
-                finished[event.rollout] = event.event
-            yield event
+        async with contextlib.aclosing(self._rollouts()) as rollouts:
+            async for event in rollouts:
+                if isinstance(event.event, RunFinished):
+                    finished[event.rollout] = event.event
+                yield event
         results = [finished[k] for k in range(1, self.rollouts + 1)]
-        async for event in self._synthesis(results):
-            yield event
+        async with contextlib.aclosing(self._synthesis(results)) as synthesis:
+            async for event in synthesis:
+                yield event
 
     # -- the rollouts --
     def _rollout_limits(self) -> Limits:
         reserve = min(self.limits.max_seconds * self.settings.synthesis_reserve, 600)
         return replace(self.limits, max_seconds=self.limits.max_seconds - reserve)
 
-    async def _rollouts(self) -> AsyncIterator[RolloutEvent]:
+    async def _rollouts(self) -> AsyncGenerator[RolloutEvent, None]:
         queue: asyncio.Queue[RolloutEvent | _Finished] = asyncio.Queue()
         slots = asyncio.Semaphore(max(1, self.settings.concurrency))
         tasks = [
@@ -274,10 +295,13 @@ class HeavyRun:
                     self.clock,
                     summarizer=self.summarizer,
                 )
-                async for event in loop.run():
-                    ended |= isinstance(event, RunFinished)
-                    for recorded in _with_sources(event, self.ledger, rollout):
-                        await queue.put(RolloutEvent(rollout, self.rollouts, recorded))
+                async with _closing(loop.run()) as events:
+                    async for event in events:
+                        ended |= isinstance(event, RunFinished)
+                        for recorded in _with_sources(event, self.ledger, rollout):
+                            await queue.put(
+                                RolloutEvent(rollout, self.rollouts, recorded)
+                            )
         except asyncio.CancelledError:
             raise
         except Exception as error:  # a broken rollout must not sink the others
@@ -292,7 +316,9 @@ class HeavyRun:
         await queue.put(_Finished(rollout))
 
     # -- the synthesis --
-    async def _synthesis(self, results: list[RunFinished]) -> AsyncIterator[RunEvent]:
+    async def _synthesis(
+        self, results: list[RunFinished]
+    ) -> AsyncGenerator[RunEvent, None]:
         summaries = tuple(
             RolloutSummary(k, r.reason, r.stats, bool(r.answer), r.error)
             for k, r in enumerate(results, start=1)
@@ -318,13 +344,14 @@ class HeavyRun:
         # The synthesis request is built to fit: it answers, never consolidates.
         limits = replace(self.limits, max_rounds=SYNTHESIS_ROUNDS, at_limit="wrap_up")
         loop = ResearchLoop(state, self.model, _NoTools(), limits, self.clock)
-        async for event in loop.run():
-            if not isinstance(event, RunFinished):
-                yield event
-                continue
-            # The run's figures: every rollout's and the synthesis's.
-            totals = self._totals(results, event.stats)
-            yield replace(event, stats=totals, rollouts=summaries)
+        async with _closing(loop.run()) as events:
+            async for event in events:
+                if not isinstance(event, RunFinished):
+                    yield event
+                    continue
+                # The run's figures: every rollout's and the synthesis's.
+                totals = self._totals(results, event.stats)
+                yield replace(event, stats=totals, rollouts=summaries)
 
     def _request(self, answered: list[tuple[int, RunFinished]]) -> str:
         budget = self._report_chars(len(answered))

@@ -10,10 +10,11 @@ Open WebUI's arguments, the model server and the tools.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -353,8 +354,15 @@ class Pipe:
         __files__: list[dict[str, Any]] | None = None,
         __metadata__: dict[str, Any] | None = None,
         __chat_id__: str | None = None,
-    ) -> AsyncIterator[str]:
-        """Answer one chat turn by researching, streaming every step."""
+    ) -> AsyncGenerator[str, None]:
+        """Answer one chat turn by researching, streaming every step.
+
+        Closing this generator (Open WebUI's Stop: the consuming task is
+        cancelled, or ``aclose()`` reaches it) closes every generator under
+        it before it returns, down to the model's HTTP connection: each
+        ``async for`` over an inner generator runs inside
+        ``contextlib.aclosing`` rather than leaving it to garbage collection.
+        """
         if __task__:
             yield await self._task(__task__, body)
             return
@@ -367,13 +375,15 @@ class Pipe:
             metadata=__metadata__,
             chat_id=__chat_id__,
         )
-        if not _streamed(body):
-            # API callers asking for one reply get the answer and its sources,
-            # without the live-only markup (see `_display`), in one piece.
-            yield final_reply_text([text async for text in turn])
-            return
-        async for text in turn:
-            yield text
+        async with contextlib.aclosing(turn):
+            if not _streamed(body):
+                # API callers asking for one reply get the answer and its
+                # sources, without the live-only markup (see `_display`), in
+                # one piece.
+                yield final_reply_text([text async for text in turn])
+                return
+            async for text in turn:
+                yield text
         if body.get("stream") and not await compat.host_ends_async_streams():
             for line in compat.stream_end(str(body.get("model") or "")):
                 yield line
@@ -406,7 +416,7 @@ class Pipe:
         files: list[dict[str, Any]] | None,
         metadata: dict[str, Any] | None,
         chat_id: str | None,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """The research turn itself (errors become a readable message)."""
         valves = self.valves
         emit = SafeEmitter(emitter)
@@ -426,22 +436,25 @@ class Pipe:
             ]
         )
         try:
+            run = self._research(
+                body,
+                valves,
+                emit,
+                api_key=api_key,
+                summary_key=summary_key,
+                user=user,
+                request=request,
+                metadata=metadata,
+                chat_id=chat_id,
+                files=files,
+            )
             # The extractor may share the key: mask it in every HTTP log line.
             with secrets.guard_http_logs(redact):
-                async for text in self._research(
-                    body,
-                    valves,
-                    emit,
-                    api_key=api_key,
-                    summary_key=summary_key,
-                    user=user,
-                    request=request,
-                    metadata=metadata,
-                    chat_id=chat_id,
-                    files=files,
-                ):
-                    yield text
+                async with contextlib.aclosing(run):
+                    async for text in run:
+                        yield text
         except asyncio.CancelledError:
+            await _say_stopped(emit)
             raise
         except Exception as error:
             # The traceback's text too: an exception may quote a key or a URL.
@@ -465,7 +478,7 @@ class Pipe:
         metadata: dict[str, Any] | None,
         chat_id: str | None,
         files: list[dict[str, Any]] | None = None,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         ledger = SourceLedger()
         user_valves = (user or {}).get("valves")
         show_thinking = valves.EMIT_THINKING and getattr(
@@ -555,12 +568,13 @@ class Pipe:
                 ),
             )
             events = research(plan, model, tools_for, ledger, summarizer)
-            async for event in events:
-                rendered = renderer.render(event)
-                for payload in rendered.events:
-                    await emit(payload)
-                if rendered.text:
-                    yield rendered.text
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    rendered = renderer.render(event)
+                    for payload in rendered.events:
+                        await emit(payload)
+                    if rendered.text:
+                        yield rendered.text
 
     async def _toolbox(
         self,
@@ -616,6 +630,20 @@ class Pipe:
             handlers=handlers,
             timeout_seconds=valves.TOOL_TIMEOUT_SECONDS,
         )
+
+
+#: Longest the "Stopped" status may hold up a cancelled run.
+STOPPED_STATUS_SECONDS = 2.0
+
+
+async def _say_stopped(emit: SafeEmitter) -> None:
+    """Stop was pressed: end the status line, which would otherwise spin on.
+
+    Bounded, and never an error: the run is being cancelled either way.
+    """
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(STOPPED_STATUS_SECONDS):
+            await emit.status("Stopped", done=True)
 
 
 def _model_settings(valves: _Settings, api_key: str) -> ModelSettings:

@@ -13,10 +13,13 @@ Rows are identified by the frontmatter ``version`` line (the release build
 keeps it equal to the package version):
 
 - no row → created;
-- another version → updated (content, specs, meta; the admin's valves and
-  visibility are kept);
-- same version but different content → the admin's edit is left alone
-  (logged once at INFO);
+- an older version (or none) → updated (content, specs, meta; the admin's
+  valves and visibility are kept);
+- a newer version → left as is (logged once at INFO): replicas of mixed
+  versions share one database during a rolling upgrade, and a process with
+  the older package must not downgrade what a newer one installed;
+- same version but different content, or a version line that cannot be
+  ordered → the admin's edit is left alone (logged once at INFO);
 - a row with this id that is not ours (its frontmatter ``id`` differs) is
   never touched.
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import importlib.resources
 import logging
+import re
 import time
 import weakref
 from collections.abc import Iterable
@@ -47,7 +51,8 @@ log = logging.getLogger(__name__)
 CREATED = "created"
 UPDATED = "updated"
 CURRENT = "current"
-KEPT = "kept"  # same version, content edited by an admin: left as is
+KEPT = "kept"  # an admin's edit (same or unreadable version): left as is
+NEWER = "newer"  # a newer release's row (a mixed-version rollout): left as is
 FOREIGN = "foreign"  # a different tool already uses the id: left as is
 FAILED = "failed"
 
@@ -204,7 +209,58 @@ def _stored_version(row: Any) -> str | None:
     if version:
         return version
     manifest = compat.field_of(compat.field_of(row, "meta"), "manifest") or {}
-    return compat.field_of(manifest, "version")
+    version = compat.field_of(manifest, "version")
+    return str(version) if version else None
+
+
+#: A version's release numbers and what follows them ("0.2.0rc1": (0, 2), "rc1").
+_RELEASE = re.compile(r"\s*v?(\d+(?:\.\d+)*)(.*)", re.IGNORECASE | re.DOTALL)
+
+
+def compare_versions(a: str, b: str) -> int | None:
+    """-1, 0 or 1 as version ``a`` is older than, the same as or newer than ``b``.
+
+    PEP 440 ordering through ``packaging`` (in every Open WebUI environment:
+    transformers, huggingface_hub and langchain-core need it); without it, the
+    release numbers alone. None when the two cannot be ordered safely.
+    """
+    try:
+        from packaging.version import InvalidVersion, Version  # noqa: PLC0415
+    except ImportError:
+        return _compare_release_numbers(a, b)
+    try:
+        first, second = Version(a), Version(b)
+    except InvalidVersion:
+        return None
+    return (first > second) - (first < second)
+
+
+def _compare_release_numbers(a: str, b: str) -> int | None:
+    """`compare_versions` by the leading numbers ("1.2.10" > "1.2.9").
+
+    Equal numbers with any other text after them ("1.2.0rc1" and "1.2.0")
+    cannot be ordered without PEP 440, so they give None.
+    """
+    if a.strip() == b.strip():
+        return 0
+    first, second = _RELEASE.fullmatch(a), _RELEASE.fullmatch(b)
+    if first is None or second is None:
+        return None
+    numbers = [
+        tuple(int(part) for part in match.group(1).split("."))
+        for match in (first, second)
+    ]
+    # Trailing zeros do not count: "1.2" == "1.2.0".
+    x, y = (_without_trailing_zeros(n) for n in numbers)
+    if x != y:
+        return (x > y) - (x < y)
+    return 0 if first.group(2).strip() == second.group(2).strip() else None
+
+
+def _without_trailing_zeros(numbers: tuple[int, ...]) -> tuple[int, ...]:
+    while numbers and numbers[-1] == 0:
+        numbers = numbers[:-1]
+    return numbers
 
 
 async def _create(packaged: PackagedTool, owner_id: str, app: Any) -> str:
@@ -247,6 +303,31 @@ async def _update(
     return UPDATED
 
 
+def _not_updated(packaged: PackagedTool, stored: str | None, order: int | None) -> str:
+    """A stored version that is newer (``order`` 1) or cannot be ordered (None)."""
+    if order == 1:
+        # A replica with a newer package got here first (a rolling upgrade,
+        # or an old replica restarted after a new one): never downgrade.
+        _log_once(
+            f"newer:{packaged.tool_id}:{stored}",
+            logging.INFO,
+            "tool %s %s is newer than this package's %s; not downgrading it",
+            packaged.tool_id,
+            stored,
+            packaged.version,
+        )
+        return NEWER
+    _log_once(
+        f"unordered:{packaged.tool_id}:{stored}",
+        logging.INFO,
+        "tool %s has version %r, which cannot be compared with %s; left as is",
+        packaged.tool_id,
+        stored,
+        packaged.version,
+    )
+    return KEPT
+
+
 async def _install_one(packaged: PackagedTool, owner_id: str, app: Any) -> str:
     """Bring one registry row to the packaged version; returns its status."""
     row = await compat.get_tool_by_id(packaged.tool_id)
@@ -261,8 +342,12 @@ async def _install_one(packaged: PackagedTool, owner_id: str, app: Any) -> str:
         )
         return FOREIGN
     stored = _stored_version(row)
-    if stored != packaged.version:
+    # No version line: written by no release of ours, which all write one.
+    order = -1 if stored is None else compare_versions(stored, packaged.version)
+    if order == -1:
         return await _update(packaged, owner_id, app, stored)
+    if order != 0:
+        return _not_updated(packaged, stored, order)
     if compat.field_of(row, "content") != compat.replace_imports(packaged.content):
         _log_once(
             f"kept:{packaged.tool_id}:{packaged.version}",
@@ -388,7 +473,7 @@ async def _auto_install(ids: list[str]) -> None:
     except Exception:  # pragma: no cover - ensure_tools_installed never raises
         log.exception("tool auto-install failed")
         return
-    state.finished |= report.ids_with(CREATED, UPDATED, CURRENT, KEPT, FOREIGN)
+    state.finished |= report.ids_with(CREATED, UPDATED, CURRENT, KEPT, NEWER, FOREIGN)
     _record_outcome(state, ids, report)
 
 
