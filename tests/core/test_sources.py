@@ -7,7 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tongyi_deepresearch_openwebui_pipeline.core import sources
 from tongyi_deepresearch_openwebui_pipeline.core.sources import (
+    MAX_LINK_CHARS,
+    MAX_URL_CHARS,
     UNVERIFIED_MARK,
     CitationRewriter,
     SourceLedger,
@@ -397,7 +400,10 @@ def test_streaming_work_is_linear_in_the_input(monkeypatch, name):
         out.append(rewriter.feed(char))
         held_most = max(held_most, len(rewriter._pending) + rewriter._unexamined)
     out.append(rewriter.flush())
-    assert "".join(out).replace("\u200b", "").startswith(text[:10])
+    # Only zero-width spaces and escapes were added (no stream holds a "\\").
+    assert "".join(out).replace("\u200b", "").replace("\\", "").startswith(text[:10])
+    monkeypatch.undo()  # the whole text, unbudgeted: the same output
+    assert "".join(out) == rewrite_answer(text, make_ledger())
     # What is held back is capped, whatever the input.
     assert held_most <= 2 * (sources.MAX_LINK_CHARS + 300)
 
@@ -460,3 +466,195 @@ def test_url_followed_by_a_group_holding_a_url_is_one_url(ledger, size):
     expected = f"{URL_THEN_GROUP} {UNVERIFIED_MARK}"
     assert rewrite_answer(URL_THEN_GROUP, ledger) == expected
     assert streamed == expected
+
+
+def stream(text, size, ledger):
+    """``text`` through a `CitationRewriter` in pieces of ``size`` characters."""
+    rewriter = CitationRewriter(ledger)
+    out = "".join(rewriter.feed(text[i : i + size]) for i in range(0, len(text), size))
+    return out + rewriter.flush()
+
+
+def assert_every_split_gives(text, expected, ledger):
+    """Whole, in pieces of 1, 2, 3, 7, 64 characters, and in two at every cut."""
+    assert rewrite_answer(text, ledger) == expected
+    for size in (1, 2, 3, 7, 64, len(text)):
+        assert stream(text, size, ledger) == expected, size
+    for cut in range(len(text) + 1):
+        rewriter = CitationRewriter(ledger)
+        out = rewriter.feed(text[:cut]) + rewriter.feed(text[cut:]) + rewriter.flush()
+        assert out == expected, cut
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A "(" that cannot open a group ends the URL: "[2](" would be a link
+        # labelled "2" to " evil.example".
+        ("https://b.org/y( evil.example)", "https://b.org/y [2]\\( evil.example)"),
+        ("<https://b.org/y>( evil.example)", "<https://b.org/y> [2]\\( evil.example)"),
+        (
+            "[B](https://b.org/y)( evil.example)",
+            "[B](https://b.org/y) [2]\\( evil.example)",
+        ),
+        (
+            "[B](https://b.org/y)(https://c.org/z)",
+            f"[B](https://b.org/y) [2]\\(https://c.org/z {UNVERIFIED_MARK})",
+        ),
+        (
+            "https://c.org/z( evil.example)",
+            f"https://c.org/z {UNVERIFIED_MARK}\\( evil.example)",
+        ),
+        (
+            "![i](https://c.org/p.png)( evil.example)",
+            f"!\\[i\\](https://c.org/p.png) {UNVERIFIED_MARK}\\( evil.example)",
+        ),
+        # "[2][ref]" is a link labelled "2" to whatever "[ref]:" defines.
+        (
+            "https://b.org/y[ref]\n\n[ref]: //evil.example",
+            "https://b.org/y [2]\\[ref]\n\n[ref]: //evil.example",
+        ),
+        (
+            "[B](https://b.org/y)[A](https://a.org/x)",
+            "[B](https://b.org/y) [2]\\[A](https://a.org/x) [1]",
+        ),
+        # Already escaped (the model's own number): not escaped twice.
+        ("https://b.org/y[3]", "https://b.org/y [2]\\[3\\]"),
+        # Trailing punctuation stays after the citation: nothing to escape.
+        ("https://b.org/y.( evil.example)", "https://b.org/y [2].( evil.example)"),
+        ("(https://b.org/y)(x)", "(https://b.org/y [2])(x)"),
+    ],
+)
+def test_a_citation_the_rewriter_inserts_never_becomes_link_text(
+    ledger, text, expected
+):
+    """After an inserted citation, "(" and "[" are escaped: never link syntax."""
+    assert_every_split_gives(text, expected, ledger)
+
+
+LONG_URL = "https://evil.example/" + "a" * MAX_URL_CHARS
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Too long to cite: the model's "[2]" is plain text, the URL as written.
+        (f"See [2]({LONG_URL}).", f"See \\[2\\]({LONG_URL})."),
+        (f'See [1-2]({LONG_URL} "t")', f'See \\[1-2\\]({LONG_URL} "t")'),
+        (f"See [2](<{LONG_URL}>)", f"See \\[2\\](<{LONG_URL}>)"),
+        # Not to an http(s) page: no citation either, so no number.
+        ("See [2](//evil.example/x).", "See \\[2\\](//evil.example/x)."),
+        ("See [2, 3](javascript:alert(1))", "See \\[2, 3\\](javascript:alert(1))"),
+        (
+            "See [2]( https://evil.example/x)",
+            f"See \\[2\\]( https://evil.example/x {UNVERIFIED_MARK})",
+        ),
+    ],
+)
+def test_a_number_as_the_text_of_an_uncited_link_is_escaped(ledger, text, expected):
+    """A "[2](…)" the rewriter does not cite must not pass for citation 2."""
+    assert_every_split_gives(text, expected, ledger)
+
+
+def test_the_longest_link_is_cited_and_a_longer_one_escaped(ledger):
+    head = "[2](https://b.org/y?q="
+    fits = head + "a" * (MAX_LINK_CHARS - len(head) - 1) + ")"
+    assert len(fits) == MAX_LINK_CHARS
+    assert_every_split_gives(fits, f"{fits} {UNVERIFIED_MARK}", ledger)
+    longer = fits[:-1] + "a)"
+    url = longer[4:-1]  # short enough to be cited as a bare URL
+    assert len(url) <= MAX_URL_CHARS
+    assert_every_split_gives(longer, f"\\[2\\]({url} {UNVERIFIED_MARK})", ledger)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Whatever precedes it, a "[n]" the model wrote is plain text: after
+        # "]" ("[2][ref]" is a reference link, "[1][2]" a run of citations) …
+        ("][2][B](https://b.org/y)", "]\\[2\\][B](https://b.org/y) [2]"),
+        ("[1][2]", "\\[1\\]\\[2\\]"),
+        # … or after an escaped backslash ("\\" shows "\", then "[2](…" is live).
+        ("\\\\[2](//evil.example)", "\\\\\\[2\\](//evil.example)"),
+        ("\\\\\\\\[2]", "\\\\\\\\\\[2\\]"),
+        # Escaped by the model: left as written.
+        ("\\[2](//evil.example)", "\\[2](//evil.example)"),
+        ("\\\\\\[2]", "\\\\\\[2]"),
+        # Backslashes ending a URL too long to cite stay before the number.
+        (LONG_URL + "\\\\[2](//e)", LONG_URL + "\\\\\\[2\\](//e)"),
+        (LONG_URL + "\\[2](//e)", LONG_URL + "\\[2](//e)"),
+        # A citation comes between a URL's backslashes and what follows.
+        (
+            "https://b.org/y\\[2](//e)",
+            f"https://b.org/y\\ {UNVERIFIED_MARK}\\[2](//e)",
+        ),
+    ],
+)
+def test_a_number_the_model_wrote_is_escaped_whatever_precedes_it(
+    ledger, text, expected
+):
+    assert_every_split_gives(text, expected, ledger)
+
+
+#: A "[n]" that is not escaped (no odd run of backslashes before it).
+_LIVE_NUMBER = re.compile(r"(?<!\\)(?:\\\\)*(\[[,\s\-–]*\d[\d,\s\-–]*\])")
+
+
+def _is_cited_link(out, start):
+    link = sources._MD_LINK.match(out, start)
+    return (
+        link is not None
+        and link.end() - start <= MAX_LINK_CHARS
+        and out.startswith((" [", f" {UNVERIFIED_MARK}"), link.end())
+    )
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    text=st.lists(
+        st.sampled_from(
+            [
+                "https://b.org/y",
+                "https://c.org/z",
+                "<https://b.org/y>",
+                "[B](https://b.org/y)",
+                "![i](https://c.org/p.png)",
+                "(",
+                ")",
+                "[",
+                "]",
+                "](",
+                "[7]",
+                "[1-7]",
+                "[ref]",
+                "\n[ref]: //evil.example\n",
+                "//evil.example",
+                "\\",
+                " ",
+                "x",
+                ".",
+                "a" * 700,
+            ]
+        ),
+        max_size=25,
+    ).map("".join),
+    cuts=st.lists(st.integers(0, 20_000), max_size=8),
+)
+def test_no_number_becomes_link_text_unless_its_link_is_cited(text, cuts):
+    """Only the rewriter's citations ([1], [2]) and cited links' text stay live.
+
+    The model's "[7]" is plain text, and no "[n]" at all is followed by "("
+    or "[" (link syntax labelled n) unless it is the text of a cited link.
+    """
+    ledger = make_ledger()
+    whole = rewrite_answer(text, ledger)
+    bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
+    rewriter = CitationRewriter(ledger)
+    streamed = "".join(rewriter.feed(text[a:b]) for a, b in itertools.pairwise(bounds))
+    assert streamed + rewriter.flush() == whole
+    for live in _LIVE_NUMBER.finditer(whole):
+        start, end = live.span(1)
+        if _is_cited_link(whole, start):
+            continue
+        assert "7" not in live.group(1), (whole, start)
+        assert not whole.startswith(("(", "["), end), (whole, start)

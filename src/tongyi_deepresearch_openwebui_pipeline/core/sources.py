@@ -8,7 +8,11 @@ first read); the final answer's links and bare URLs are matched against them:
 - a link to a page the agent never retrieved stays a link but is marked
   ``*(unverified)*`` so it is never presented as a source;
 - bracketed numbers the model wrote itself (``[2]``) are escaped so Open WebUI
-  does not turn them into chips pointing at an unrelated source.
+  does not turn them into chips pointing at an unrelated source, unless they
+  are the text of a link that gets cited (too long, non-http and reference
+  links are escaped too);
+- after a citation it inserts, a following ``(`` or ``[`` is escaped, so the
+  rewriter never creates link syntax itself.
 
 Matching normalises URLs (scheme and host case, ``www.``, default ports,
 trailing slashes, fragments, tracking parameters) and knows the redirects the
@@ -209,7 +213,6 @@ _URL_CONTINUATION = re.compile(_URL_CHARS + r"*+")
 #: An unclosed "(" at the end of a URL that may still become a group.
 _PARTIAL_GROUP = re.compile(r"\([^()\s]{0,256}")
 _OPEN_AUTOLINK = re.compile(r"<https?://[^\s<>]*")
-_MODEL_CITE = re.compile(r"(?<![\\\]])\[(\d{1,3}(?:\s*[,\-–]\s*\d{1,3})*)\](?!\()")
 _IMAGE_BRACKET = re.compile(r"(?<=!)\[")
 _URL_TRAILING = ".,;:!?'\"*_"
 
@@ -232,6 +235,37 @@ def _cite(source: Source | None) -> str:
     return f" [{source.number}]" if source else f" {UNVERIFIED_MARK}"
 
 
+class _Output:
+    """Rewritten text, piece by piece, that never turns a citation into markup.
+
+    A "(" or "[" right after a citation the rewriter inserted (" [n]" or the
+    unverified mark) would make it link syntax: "https://x [2]( evil)" is a
+    link labelled "2", and so is "[2][ref]" when the text defines "[ref]:".
+    It is escaped, here and (`CitationRewriter._after_citation`) at the start
+    of the next text released.
+    """
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.after_citation = False
+
+    def add(self, piece: str, *, citation: bool = False) -> None:
+        if not piece:
+            return
+        if self.after_citation:
+            piece = _escape_after_citation(piece)
+        self.pieces.append(piece)
+        self.after_citation = citation
+
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def _escape_after_citation(text: str) -> str:
+    """``text`` as it may follow an inserted citation: no "(" or "[" first."""
+    return "\\" + text if text.startswith(("(", "[")) else text
+
+
 def _links(text: str) -> list[re.Match[str]]:
     """The Markdown links/images in ``text``, left to right, none too long."""
     found: list[re.Match[str]] = []
@@ -246,70 +280,118 @@ def _links(text: str) -> list[re.Match[str]]:
     return found
 
 
-def _rewrite_complete(text: str, ledger: SourceLedger) -> str:
-    """Rewrite a piece of text that holds no unfinished link or URL."""
-    pieces: list[str] = []
+def _rewrite_complete(text: str, ledger: SourceLedger) -> tuple[str, bool]:
+    """Rewrite a piece of text that holds no unfinished link or URL.
+
+    Also says whether the result ends with an inserted citation (what
+    follows it must then not start with "(" or "[").
+    """
+    out = _Output()
     position = 0
     for match in _links(text):
-        pieces.append(_rewrite_plain(text[position : match.start()], ledger))
-        pieces.append(_rewrite_link(match, ledger))
+        _rewrite_plain(text[position : match.start()], ledger, out)
+        _rewrite_link(match, ledger, out)
         position = match.end()
-    pieces.append(_rewrite_plain(text[position:], ledger))
-    return _ACTIVE_TAG.sub("<" + ZERO_WIDTH_SPACE, "".join(pieces))
+    _rewrite_plain(text[position:], ledger, out)
+    rewritten = _ACTIVE_TAG.sub("<" + ZERO_WIDTH_SPACE, out.text())
+    return rewritten, out.after_citation
 
 
-def _rewrite_link(match: re.Match[str], ledger: SourceLedger) -> str:
+def _rewrite_link(match: re.Match[str], ledger: SourceLedger, out: _Output) -> None:
     link = match.group(0)
     url = match.group(3).strip("<>")
     if not match.group(1):
-        return link + _cite(ledger.match(url))
+        out.add(link)
+        out.add(_cite(ledger.match(url)), citation=True)
+        return
     if ledger.match(url) is not None:
-        return link  # an image the agent itself read
+        out.add(link)  # an image the agent itself read
+        return
     # Any other remote image would be fetched by the browser as the chat
     # renders: a page can ask the model to put data in its URL. It is shown
     # as text (the URL stays visible and clickable), never loaded.
     inner = link[1:].replace("[", "\\[", 1).replace("](", "\\](", 1)
-    return "!" + inner + f" {UNVERIFIED_MARK}"
+    out.add("!" + inner)
+    out.add(f" {UNVERIFIED_MARK}", citation=True)
+
+
+#: A number the model wrote in brackets ("[2]", "[1-3]", "[2, 4]") and did
+#: not escape (an odd run of backslashes before it does). Whatever follows or
+#: precedes it: "[2](…)" here is a link that gets no citation (too long, not
+#: to an http(s) page), "][2][ref]" a reference link, "\\[2]" a citation.
+_MODEL_NUMBER = re.compile(r"(?<!\\)((?:\\\\)*)\[(\d{1,3}(?:\s*[,\-–]\s*\d{1,3})*)\]")
 
 
 def _escape_plain(text: str, before: str) -> str:
     """Escape the model's own "[n]" and stray "![" in text between URLs.
 
-    ``before`` is the character that precedes ``text`` (the patterns look one
-    character back), so escaping a segment gives what escaping the whole would.
+    ``before`` is what precedes ``text`` as far as the patterns look back (see
+    `_context_before`), so escaping a segment gives what escaping the whole
+    would. Every "[n]" here is the model's own: links that get a citation
+    never reach this text.
     """
     text = before + text
-    text = _MODEL_CITE.sub(r"\\[\1\\]", text)
+    text = _MODEL_NUMBER.sub(r"\1\\[\2\\]", text)
     # "![" that is not a complete image link (reference images and the like).
     text = _IMAGE_BRACKET.sub(r"\\[", text)
     return text[len(before) :]
 
 
-def _rewrite_plain(text: str, ledger: SourceLedger) -> str:
+def _context_before(text: str, position: int) -> str:
+    """What escaping ``text[position:]`` needs to know of ``text[:position]``.
+
+    Its last character, but a run of backslashes by its parity: one if odd
+    (the next character is escaped), two if even.
+    """
+    start = position
+    while start and text[start - 1] == "\\":
+        start -= 1
+    if start < position:
+        return "\\" * (2 - (position - start) % 2)
+    return text[position - 1] if position else ""
+
+
+def _context_after(text: str, previous: str) -> str:
+    """The context released ``text`` (after context ``previous``) leaves.
+
+    A word character is kept as "a", a run of backslashes by its parity (it
+    may continue one released before), any other character as itself.
+    """
+    run = len(text) - len(text.rstrip("\\"))
+    if run == len(text) and previous.startswith("\\"):
+        run += len(previous)
+    if run:
+        return "\\" * (2 - run % 2)
+    return "a" if _word_char(text[-1]) else text[-1]
+
+
+def _rewrite_plain(text: str, ledger: SourceLedger, out: _Output) -> None:
     # URLs are found in the text as written, before anything is escaped: an
     # inserted backslash must never become part of a URL.
-    pieces: list[str] = []
     position = 0
     for match in _BARE_URL.finditer(text):
-        before = text[position - 1] if position else ""
-        pieces.append(_escape_plain(text[position : match.start()], before))
-        pieces.append(_cite_bare(match.group(0), ledger))
+        before = _context_before(text, position)
+        out.add(_escape_plain(text[position : match.start()], before))
+        _cite_bare(match.group(0), ledger, out)
         position = match.end()
-    before = text[position - 1] if position else ""
-    pieces.append(_escape_plain(text[position:], before))
-    return "".join(pieces)
+    out.add(_escape_plain(text[position:], _context_before(text, position)))
 
 
-def _cite_bare(url: str, ledger: SourceLedger) -> str:
+def _cite_bare(url: str, ledger: SourceLedger, out: _Output) -> None:
     if len(url) > MAX_URL_CHARS:
-        return url
+        out.add(url)
+        return
     if url.startswith("<"):  # an autolink: <https://…>
-        return url + _cite(ledger.match(url[1:-1]))
+        out.add(url)
+        out.add(_cite(ledger.match(url[1:-1])), citation=True)
+        return
     trailing = ""
     while url and url[-1] in _URL_TRAILING:
         trailing = url[-1] + trailing
         url = url[:-1]
-    return url + _cite(ledger.match(url)) + trailing
+    out.add(url)
+    out.add(_cite(ledger.match(url)), citation=True)
+    out.add(trailing)
 
 
 def rewrite_answer(text: str, ledger: SourceLedger) -> str:
@@ -336,12 +418,16 @@ class CitationRewriter:
         self._pending = ""
         self._arrived: list[str] = []
         self._unexamined = 0
-        # The last character already released: the context that decides
-        # whether what follows starts a new word (and so may start a URL).
+        # What matters of the text already released (`_context_after`): its
+        # last character decides whether what follows starts a new word (and
+        # so may start a URL); a run of backslashes, whether it escapes it.
         self._before = " "
         # The released text ends inside a URL too long to cite, which the
         # next text may continue.
         self._in_long_url = False
+        # The released text ends with a citation the rewriter inserted: the
+        # next text must not start with "(" or "[" (see `_Output`).
+        self._after_citation = False
 
     def feed(self, text: str) -> str:
         """Consume a piece; return what is now safe to show."""
@@ -390,20 +476,28 @@ class CitationRewriter:
             self._in_long_url = False
         ready, self._pending = text[:end], text[end:]
         if ready:
-            self._before = "a" if _word_char(ready[-1]) else ready[-1]
+            self._after_citation = False  # a URL too long to cite gets none
+            self._before = _context_after(ready, self._before)
         return ready.translate(_REASONING_MARK)
 
     def _release(self, cut: int) -> str:
         ready, self._pending = self._pending[:cut], self._pending[cut:]
         if not ready:
             return ""
-        rewritten = _rewrite_complete(self._before + ready, self._ledger)[1:]
-        # Keep only what matters about the last character: is it a word
-        # character (a URL cannot start right after it), or punctuation that
-        # the patterns look at. A letter is kept as "a" so that it can never
+        # The context (one or two characters) is rewritten with the text and
+        # cut off again: each comes out as itself, a tag's "<" included (the
+        # zero-width space after it stays with the text).
+        before = self._before
+        rewritten, cited = _rewrite_complete(before + ready, self._ledger)
+        rewritten = rewritten[len(before) :]
+        if self._after_citation:
+            rewritten = _escape_after_citation(rewritten)
+        self._after_citation = cited
+        # Keep only what matters about the end: is it a word character (a URL
+        # cannot start right after it), punctuation that the patterns look
+        # at, or backslashes. A letter is kept as "a" so that it can never
         # join the next piece into a scheme ("h" + "ttps://").
-        last = ready[-1]
-        self._before = "a" if _word_char(last) else last
+        self._before = _context_after(ready, before)
         return rewritten.translate(_REASONING_MARK)
 
     def _safe_prefix(self, text: str) -> tuple[int, bool]:
@@ -428,7 +522,7 @@ class CitationRewriter:
             and _OPEN_AUTOLINK.fullmatch(text, autolink)
         ):
             hold = min(hold, autolink)
-        growing = _growing_url(text, word_start, self._before)
+        growing = _growing_url(text, word_start, self._before[-1])
         if growing is not None:
             start, end = growing
             if end - start <= MAX_URL_CHARS:
@@ -436,8 +530,8 @@ class CitationRewriter:
             elif hold > start:
                 # Too long to cite: release it, and pass on its continuation.
                 return end, True
-        hold = min(hold, _partial_tail(text, word_start, self._before))
-        hold = min(hold, _scheme_then_open_group(text, word_start, self._before))
+        hold = min(hold, _partial_tail(text, word_start, self._before[-1]))
+        hold = min(hold, _scheme_then_open_group(text, word_start, self._before[-1]))
         # Never cut through a finished link or URL: each was matched as a whole
         # ("<https://x[a](>" is one autolink, whatever "[a](" becomes, and
         # "https://x!" one URL, whether or not "![" becomes an image).
