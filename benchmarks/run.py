@@ -28,6 +28,7 @@ from . import (
     openai_sdk,
     page_reading,
     rounds,
+    runner_throughput,
     streaming,
     token_estimate,
 )
@@ -47,6 +48,10 @@ BENCHMARKS: dict[str, tuple[str, Benchmark]] = {
     "page-reading": ("9. Page reading: main content vs whole page", page_reading.run),
     "heavy": ("10. Heavy run vs one rollout", heavy.run),
     "context": ("11. Research beyond the context window", context.run),
+    "runner": (
+        "12. Headless runner: batch throughput at concurrency 1, 4, 16",
+        runner_throughput.run,
+    ),
 }
 #: Upper bound per benchmark, so a hang ends the run instead of CI's job.
 TIME_LIMIT_SECONDS = {False: 600.0, True: 120.0}

@@ -44,6 +44,9 @@ FIGURES = (
     "context 16K: requests refused",
     "context 16K: peak context / served",
     "context 16K: consolidation overhead",
+    "runner batch: questions/min at concurrency 4",
+    "runner batch: questions/min at concurrency 16",
+    "runner batch: wrong or missing records",
 )
 
 
@@ -101,7 +104,7 @@ def test_quick_run_prints_every_figure_with_its_baseline(quick_run):
 def test_quick_run_reports_the_machine_and_each_benchmark(quick_run):
     out = quick_run.stdout
     assert re.search(r"\d+ cores, load average [\d.]+", out)
-    assert out.count("\n## ") == 11
+    assert out.count("\n## ") == 12
     assert "reference wrap-up: rounds before the forced answer" in out
     assert "Why the overhead is structural" in out
     assert "max loop lag" in out and "idle loop" in out

@@ -23,6 +23,7 @@ ALLOWED = {
     "engine": {"core"},
     "adapters": {"core"},
     "pipes": {"core", "engine", "adapters"},
+    "runner": {"core", "engine", "adapters", "pipes"},
     "tools": set(),
 }
 

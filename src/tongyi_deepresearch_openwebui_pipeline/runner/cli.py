@@ -1,0 +1,383 @@
+"""The ``tongyi-deepresearch`` command line: ``ask`` and ``batch``.
+
+The only module of the runner that does I/O: it reads the arguments, files
+and environment, writes the live view and progress to stderr (rendered by
+`render`, which is pure) and the results to stdout or the output files, and
+turns every failure into one line and an exit status:
+
+- 0: done (``ask``: an answer was given);
+- 1: the research failed or no model server answered (``batch``: also when
+  input lines were skipped);
+- 2: bad settings, arguments or files;
+- 130: interrupted (Ctrl-C); a batch keeps every finished record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+from .. import __version__
+from ..pipes.pipe import Pipe
+from .batch import (
+    BatchState,
+    Job,
+    RecordWriter,
+    jobs_to_run,
+    parse_questions,
+    read_existing,
+    run_batch,
+)
+from .render import Progress, TerminalRenderer, progress_line, summary_table
+from .research import RunnerError, open_researcher
+from .results import Outcome, answer_markdown, outcome_json
+from .settings import (
+    RunnerOptions,
+    Settings,
+    SettingsError,
+    load_settings,
+    parse_assignments,
+)
+
+PROG = "tongyi-deepresearch"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+#: The settings with a flag of their own (any other: ``--set NAME=VALUE``).
+SETTING_FLAGS = (
+    "API_BASE_URL",
+    "API_KEY",
+    "MODEL_ID",
+    "MAX_TOOL_ROUNDS",
+    "MAX_RESEARCH_MINUTES",
+    "MAX_CONTEXT_TOKENS",
+    "CONTEXT_STRATEGY",
+    "TEMPERATURE",
+    "MAX_TOKENS",
+    "SEARXNG_URL",
+)
+
+T = TypeVar("T")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.lower().replace("_", "-")
+
+
+def _description(name: str) -> str:
+    fields = {**Pipe.Valves.model_fields, **RunnerOptions.model_fields}
+    text = fields[name].description or ""
+    return f"{text} [{name}; env TDR_{name}]".replace("%", "%%")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of both commands."""
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("settings (flags > TDR_<NAME> > config file)")
+    group.add_argument(
+        "--config", type=Path, help="TOML config file (default: $TDR_CONFIG)"
+    )
+    for name in SETTING_FLAGS:
+        group.add_argument(
+            _flag(name), dest=name, metavar="VALUE", help=_description(name)
+        )
+    group.add_argument(
+        "--allow-private-urls",
+        dest="ALLOW_PRIVATE_URLS",
+        action="store_const",
+        const=True,
+        help=_description("ALLOW_PRIVATE_URLS"),
+    )
+    group.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any other setting, by its valve name (repeatable)",
+    )
+    common.add_argument(
+        "--heavy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="heavy mode: N research rollouts at once, then one synthesis",
+    )
+    common.add_argument(
+        "--verbose", action="store_true", help="log details (and tracebacks)"
+    )
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Tongyi DeepResearch without Open WebUI: research a "
+        "question, or a JSONL file of them.",
+    )
+    parser.add_argument("--version", action="version", version=__version__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    ask = commands.add_parser(
+        "ask", parents=[common], help="research one question, shown live"
+    )
+    ask.add_argument("question", help="the question")
+    ask.add_argument(
+        "--thinking", action="store_true", help="show the model's reasoning"
+    )
+    ask.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (answer, sources, termination, rounds, "
+        "tokens, cost, seconds)",
+    )
+    ask.add_argument("--output", type=Path, help="write the result to this file")
+    ask.add_argument("--quiet", action="store_true", help="no live view on stderr")
+    batch = commands.add_parser(
+        "batch",
+        parents=[common],
+        help="research every question of a JSONL file (resumable)",
+    )
+    batch.add_argument(
+        "input", type=Path, help='JSONL input: {"question": …, "answer": …} a line'
+    )
+    batch.add_argument(
+        "--output", type=Path, required=True, help="JSONL results (appended)"
+    )
+    batch.add_argument(
+        "--concurrency", type=int, default=4, help="questions at once (default 4)"
+    )
+    batch.add_argument(
+        "--rollouts", type=int, default=1, help="rollouts per question (default 1)"
+    )
+    return parser
+
+
+def _setting_flags(args: argparse.Namespace) -> dict[str, Any]:
+    flags: dict[str, Any] = {name: getattr(args, name) for name in SETTING_FLAGS}
+    flags["ALLOW_PRIVATE_URLS"] = args.ALLOW_PRIVATE_URLS
+    flags.update(parse_assignments(args.assignments))
+    return flags
+
+
+def _say(text: str, stream: TextIO | None = None) -> None:
+    out: TextIO = sys.stderr if stream is None else stream
+    out.write(text if text.endswith("\n") else text + "\n")
+    out.flush()
+
+
+def _configure_logging(verbose: bool) -> None:
+    # Retries and tool problems are shown as events; logs only when asked.
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.CRITICAL,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def _until_interrupted(work: Coroutine[Any, Any, T]) -> tuple[T | None, bool]:
+    """Run `work` until it ends or SIGINT arrives: (result, interrupted).
+
+    The first SIGINT cancels `work` (its runs close their connections and
+    tools on the way out); a second one ends the process at once.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    interrupted = False
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        if interrupted:
+            os._exit(EXIT_INTERRUPTED)
+        interrupted = True
+        task.cancel()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # Windows
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        return await task, False
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+        return None, True
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+# -- ask --------------------------------------------------------------------------
+
+
+async def _ask(args: argparse.Namespace, settings: Settings) -> int:
+    renderer = TerminalRenderer(thinking=args.thinking)
+
+    def show(event: Any) -> None:
+        text = renderer.render(event)
+        if text:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
+    async def research() -> Outcome:
+        async with open_researcher(settings) as researcher:
+            return await researcher.run(
+                args.question, heavy=args.heavy, sink=None if args.quiet else show
+            )
+
+    outcome, interrupted = await _until_interrupted(research())
+    if interrupted or outcome is None:
+        _say("Stopped.")
+        return EXIT_INTERRUPTED
+    if args.json:
+        text = json.dumps(outcome_json(outcome), ensure_ascii=False) + "\n"
+    else:
+        text = answer_markdown(outcome)
+    if args.output:
+        try:
+            args.output.write_text(text, encoding="utf-8")
+        except OSError as error:
+            raise RunnerError(
+                f"cannot write {args.output}: {error.strerror}", code=2
+            ) from None
+        _say(f"Wrote {args.output}")
+    else:
+        if not args.quiet:
+            sys.stderr.write("\n")
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    return EXIT_OK if outcome.finished.answer else EXIT_FAILED
+
+
+# -- batch ------------------------------------------------------------------------
+
+
+def _read_input(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise RunnerError(f"cannot read {path}: {error.strerror}", code=2) from None
+    except UnicodeDecodeError:
+        raise RunnerError(f"{path} is not UTF-8 text", code=2) from None
+
+
+def _progress_writer(state: BatchState) -> Callable[[dict[str, Any]], None]:
+    live = sys.stderr.isatty()
+
+    def show(_record: dict[str, Any]) -> None:
+        line = progress_line(
+            Progress(
+                done=state.skipped + state.done,
+                total=state.total,
+                errors=state.errors,
+                running=state.running,
+                skipped=state.skipped,
+                seconds=time.monotonic() - state.started,
+            )
+        )
+        sys.stderr.write(f"\r\x1b[2K{line}" if live else f"{line}\n")
+        sys.stderr.flush()
+
+    return show
+
+
+async def _batch(args: argparse.Namespace, settings: Settings) -> int:
+    if args.concurrency < 1 or args.rollouts < 1:
+        raise RunnerError("--concurrency and --rollouts must be at least 1", code=2)
+    questions, bad = parse_questions(_read_input(args.input))
+    for line in bad:
+        _say(f"{args.input}:{line.line}: {line.reason}; line skipped")
+    existing = read_existing(args.output)
+    if existing.repaired:
+        _say(f"{args.output}: an unfinished last record was cut off (it runs again)")
+    for number in existing.unreadable:
+        _say(f"{args.output}:{number}: not a record; left as it is")
+    jobs, skipped = jobs_to_run(questions, args.rollouts, existing.done)
+    status = EXIT_FAILED if bad else EXIT_OK
+    if not jobs:
+        _say(f"Nothing to do: all {skipped} records are already in {args.output}.")
+        return status
+    state = BatchState(total=len(jobs) + skipped, skipped=skipped)
+    if skipped:
+        _say(f"Resuming: {skipped} records already in {args.output}.")
+
+    async def work() -> None:
+        async with open_researcher(settings) as researcher:
+
+            async def research(job: Job) -> Outcome:
+                return await researcher.run(job.question.question, heavy=args.heavy)
+
+            with args.output.open("a", encoding="utf-8") as handle:
+                await run_batch(
+                    jobs,
+                    research,
+                    RecordWriter(handle),
+                    state,
+                    concurrency=args.concurrency,
+                    on_record=_progress_writer(state),
+                )
+
+    _, interrupted = await _until_interrupted(work())
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    _say(summary_table(state.records))
+    if interrupted:
+        _say(
+            f"Interrupted: {state.done} records written to {args.output} "
+            f"({state.skipped + state.done} of {state.total}); run the same "
+            "command again to resume."
+        )
+        return EXIT_INTERRUPTED
+    _say(f"Wrote {state.done} records to {args.output}.")
+    return status
+
+
+# -- main -------------------------------------------------------------------------
+
+Command = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
+COMMANDS: dict[str, Command] = {"ask": _ask, "batch": _batch}
+
+
+def _utf8_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="replace")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status says how it went (see the module doc)."""
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.verbose)
+    _utf8_streams()
+    settings: Settings | None = None
+    try:
+        settings = load_settings(_setting_flags(args), os.environ, args.config)
+        if args.heavy < 0 or args.heavy == 1 or args.heavy > 8:
+            raise SettingsError("--heavy takes 2 to 8 rollouts")
+        return asyncio.run(COMMANDS[args.command](args, settings))
+    except SettingsError as error:
+        _say(f"{PROG}: {error}")
+        return EXIT_USAGE
+    except RunnerError as error:
+        _say(f"{PROG}: {error}")
+        return error.code
+    except KeyboardInterrupt:
+        _say("Stopped.")
+        return EXIT_INTERRUPTED
+    except Exception as error:
+        redact = settings.redactor() if settings else (lambda text: text)
+        if args.verbose:
+            _say(redact("".join(traceback.format_exception(error))))
+        _say(
+            redact(
+                f"{PROG}: unexpected error: {type(error).__name__}: {error} "
+                "(--verbose shows where)"
+            )
+        )
+        return EXIT_FAILED

@@ -1,0 +1,122 @@
+"""What one research produced, and the records written of it (pure).
+
+`Outcome` is a finished run as the runner keeps it; `answer_markdown`,
+`outcome_json` and `batch_record` turn it into what ``ask`` prints and what
+``batch`` writes. A batch record has the fields the lab's runner writes
+(``question``, ``answer`` — the reference answer from the input —,
+``prediction``, ``termination``, ``messages``) plus ``rollout_id``,
+``sources``, ``rounds``, ``tokens``, ``cost``, ``time`` and, when the run
+failed, ``error``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..adapters.openwebui.render import sources_list
+from ..core.events import TERMINATION_TEXT, RunFinished
+from ..core.sources import Source, SourceLedger, rewrite_answer
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished research run."""
+
+    question: str
+    finished: RunFinished
+    #: The conversation as the model saw it last (system prompt first).
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    #: The run's sources (numbered as cited).
+    ledger: SourceLedger = field(default_factory=SourceLedger)
+    seconds: float = 0.0
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        """The pages read, in citation order."""
+        return self.finished.sources or tuple(self.ledger.sources)
+
+    @property
+    def answer(self) -> str:
+        """The answer with its citations numbered (empty without one)."""
+        text = self.finished.answer.strip()
+        return rewrite_answer(text, self.ledger).strip() if text else ""
+
+
+def source_items(outcome: Outcome) -> list[dict[str, Any]]:
+    """The sources as JSON: number, title, URL."""
+    return [
+        {"number": source.number, "title": source.title, "url": source.url}
+        for source in outcome.sources
+    ]
+
+
+def _tokens(outcome: Outcome) -> dict[str, int]:
+    stats = outcome.finished.stats
+    return {
+        "prompt": stats.prompt_tokens,
+        "completion": stats.completion_tokens,
+        "total": stats.prompt_tokens + stats.completion_tokens,
+    }
+
+
+def answer_markdown(outcome: Outcome) -> str:
+    """The answer and its sources as Markdown (what ``ask`` prints)."""
+    finished = outcome.finished
+    parts = [outcome.answer] if outcome.answer else []
+    if finished.reason == "error":
+        parts.append(f"> **The research stopped:** {finished.error}")
+    elif not finished.answer:
+        parts.append(
+            "> The model ended without a final answer "
+            f"({TERMINATION_TEXT.get(finished.reason, finished.reason)})."
+        )
+    elif not finished.answer_marked:
+        parts.append("*(The model did not mark this as its final answer.)*")
+    ledger = SourceLedger()
+    ledger.sources = list(outcome.sources)
+    listed = sources_list(ledger).strip()
+    if listed:
+        parts.append(listed)
+    return "\n\n".join(parts) + "\n"
+
+
+def outcome_json(outcome: Outcome) -> dict[str, Any]:
+    """One JSON object for scripts (``ask --json``)."""
+    finished = outcome.finished
+    result: dict[str, Any] = {
+        "question": outcome.question,
+        "answer": outcome.answer,
+        "sources": source_items(outcome),
+        "termination": finished.reason,
+        "rounds": finished.stats.rounds,
+        "tokens": _tokens(outcome),
+        "cost": finished.stats.cost,
+        "seconds": round(outcome.seconds, 3),
+    }
+    if finished.error:
+        result["error"] = finished.error
+    return result
+
+
+def batch_record(
+    outcome: Outcome, reference_answer: Any, rollout_id: int
+) -> dict[str, Any]:
+    """One line of ``batch``'s output, in the lab's runner's shape."""
+    finished = outcome.finished
+    record: dict[str, Any] = {
+        "question": outcome.question,
+        "answer": reference_answer,
+        "rollout_id": rollout_id,
+        "prediction": finished.answer.strip(),
+        "termination": finished.reason,
+        "messages": outcome.messages,
+        "sources": source_items(outcome),
+        "rounds": finished.stats.rounds,
+        "tokens": _tokens(outcome),
+        "cost": finished.stats.cost,
+        "time": round(outcome.seconds, 3),
+    }
+    if finished.error:
+        record["error"] = finished.error
+    return record

@@ -1,0 +1,235 @@
+"""The runner's settings: the pipe's valves, from flags, environment or TOML.
+
+Every setting has the name and default of the pipe's valve (`Pipe.Valves`,
+defined once in ``pipes/pipe.py``), plus the few only a run outside Open
+WebUI needs (`RunnerOptions`: where SearXNG is, whether visit may read
+private addresses). Each is read, later sources winning, from:
+
+1. its default;
+2. a TOML config file (``--config FILE``, else ``$TDR_CONFIG``, else
+   ``$XDG_CONFIG_HOME/tongyi-deepresearch/config.toml`` when it exists):
+   top-level ``NAME = value``, and ``[tools.search]``, ``[tools.visit]``,
+   ``[tools.google_scholar]`` tables with a tool's own valves;
+3. the environment: ``TDR_<NAME>`` (e.g. ``TDR_API_BASE_URL``);
+4. flags (``--api-base-url`` … and ``--set NAME=VALUE``).
+
+A bad value is a one-line `SettingsError` naming the setting and where it
+came from, never the value (it may be a key).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..adapters import secrets
+from ..adapters.openwebui.catalog import tool_modules
+from ..pipes.pipe import Pipe, _Settings
+
+#: Environment variables of settings start with this.
+ENV_PREFIX = "TDR_"
+#: The environment variable naming the config file.
+CONFIG_ENV = "TDR_CONFIG"
+#: Tables of tool valves in the config file: ``[tools.<name>]``.
+TOOL_TABLES = tuple(tool_modules())
+
+
+class SettingsError(Exception):
+    """A setting is wrong; the message is one line, written for the user."""
+
+
+class RunnerOptions(BaseModel):
+    """Settings only a run outside Open WebUI needs."""
+
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    SEARXNG_URL: str = Field(
+        default="",
+        description="SearXNG search URL with the JSON format enabled, e.g. "
+        "http://localhost:8888/search (the search tool, and the scholar "
+        "tool's web fallback).",
+    )
+    ALLOW_PRIVATE_URLS: bool = Field(
+        default=False,
+        description="Let visit read private and loopback addresses (intranets, "
+        "local test servers).",
+    )
+
+
+#: Every setting's name, by the model that holds it.
+VALVE_NAMES: frozenset[str] = frozenset(Pipe.Valves.model_fields)
+OPTION_NAMES: frozenset[str] = frozenset(RunnerOptions.model_fields)
+ALL_NAMES: frozenset[str] = VALVE_NAMES | OPTION_NAMES
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a runner needs to know, checked."""
+
+    #: The pipe's valves (an instance of `Pipe.Valves`).
+    valves: _Settings
+    options: RunnerOptions
+    #: Valves of each tool from the config file's ``[tools.<name>]`` tables.
+    tool_valves: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: API keys, decrypted.
+    api_key: str = ""
+    summary_key: str = ""
+
+    def enabled(self, valve: str) -> bool:
+        """Whether the pipe valve `valve` (a tool switch) is on."""
+        return bool(getattr(self.valves, valve, False))
+
+    def redactor(self) -> secrets.Redactor:
+        """Masks every secret these settings hold (for error messages)."""
+        return secrets.Redactor(
+            [
+                self.api_key,
+                self.summary_key,
+                *secrets.url_secrets(self.valves.API_BASE_URL),
+                *secrets.url_secrets(self.valves.SUMMARY_BASE_URL),
+                *secrets.url_secrets(self.options.SEARXNG_URL),
+            ]
+        )
+
+
+def default_config_path(env: Mapping[str, str]) -> Path:
+    """Where the config file is looked for when none is named."""
+    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "tongyi-deepresearch" / "config.toml"
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise SettingsError(f"config file {path} does not exist") from None
+    except OSError as error:
+        raise SettingsError(
+            f"config file {path} cannot be read ({error.strerror})"
+        ) from None
+    except tomllib.TOMLDecodeError as error:
+        raise SettingsError(f"config file {path} is not valid TOML: {error}") from None
+
+
+def _config_values(
+    data: dict[str, Any], path: Path
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """(settings, tool tables) of a config file; unknown names are errors."""
+    values: dict[str, Any] = {}
+    tools: dict[str, dict[str, Any]] = {}
+    for key, value in data.items():
+        if key == "tools" and isinstance(value, dict):
+            for name, table in value.items():
+                if name not in TOOL_TABLES or not isinstance(table, dict):
+                    known = ", ".join(f"[tools.{n}]" for n in TOOL_TABLES)
+                    raise SettingsError(
+                        f"config file {path}: unknown table [tools.{name}] "
+                        f"(known: {known})"
+                    )
+                tools[name] = dict(table)
+        elif key.upper() in ALL_NAMES:
+            values[key.upper()] = value
+        else:
+            raise SettingsError(f"config file {path}: unknown setting {key}")
+    return values, tools
+
+
+def _env_values(env: Mapping[str, str]) -> dict[str, str]:
+    return {
+        name: env[ENV_PREFIX + name] for name in ALL_NAMES if ENV_PREFIX + name in env
+    }
+
+
+def parse_assignments(assignments: list[str]) -> dict[str, str]:
+    """``NAME=VALUE`` strings (``--set``) as settings."""
+    values: dict[str, str] = {}
+    for item in assignments:
+        name, sep, value = item.partition("=")
+        name = name.strip().upper()
+        if not sep or not name:
+            raise SettingsError(f"--set {item!r}: expected NAME=VALUE")
+        if name not in ALL_NAMES:
+            raise SettingsError(f"--set: unknown setting {name}")
+        values[name] = value
+    return values
+
+
+def _validated(
+    model: type[BaseModel], values: dict[str, Any], origin: Mapping[str, str]
+) -> Any:
+    try:
+        return model(**values)
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            name = ".".join(str(part) for part in item["loc"]) or "settings"
+            where = origin.get(name, "")
+            where = f" (from {where})" if where else ""
+            problems.append(f"setting {name}{where}: {item['msg']}")
+        raise SettingsError("; ".join(problems)) from None
+
+
+def load_settings(
+    flags: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    config: Path | None = None,
+) -> Settings:
+    """The settings, from defaults, the config file, `env` and `flags`.
+
+    Args:
+        flags: Settings given on the command line, by name (None: not given).
+        env: The environment (default: ``os.environ``).
+        config: The config file named on the command line, if any.
+
+    Raises:
+        SettingsError: A file, name or value is wrong (one line).
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    tools: dict[str, dict[str, Any]] = {}
+    path = config or (Path(env[CONFIG_ENV]) if env.get(CONFIG_ENV) else None)
+    if path is None and default_config_path(env).is_file():
+        path = default_config_path(env)
+    if path is not None:
+        found, tools = _config_values(_read_config(path), path)
+        values.update(found)
+        origin.update(dict.fromkeys(found, f"config file {path}"))
+    from_env = _env_values(env)
+    values.update(from_env)
+    origin.update({name: f"{ENV_PREFIX}{name}" for name in from_env})
+    given = {name: value for name, value in flags.items() if value is not None}
+    unknown = sorted(set(given) - ALL_NAMES)
+    if unknown:
+        raise SettingsError(f"unknown setting {unknown[0]}")
+    values.update(given)
+    origin.update(dict.fromkeys(given, "the command line"))
+    valves = _validated(
+        Pipe.Valves,
+        {k: v for k, v in values.items() if k in VALVE_NAMES},
+        origin,
+    )
+    options = _validated(
+        RunnerOptions,
+        {k: v for k, v in values.items() if k in OPTION_NAMES},
+        origin,
+    )
+    try:
+        api_key = secrets.decrypt(valves.API_KEY)
+        summary_key = secrets.decrypt(valves.SUMMARY_API_KEY)
+    except secrets.SecretError as error:
+        raise SettingsError(str(error)) from None
+    return Settings(
+        valves=valves,
+        options=options,
+        tool_valves=tools,
+        api_key=api_key,
+        summary_key=summary_key,
+    )
