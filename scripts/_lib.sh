@@ -47,16 +47,23 @@ tdr_lock_file() {
 }
 
 # apt-get install as root, running `apt-get update` at most once per process.
+# With TDR_APT_SUDO=1 a non-root user with passwordless sudo (a hosted CI
+# runner) installs through `sudo -n` instead.
 tdr_apt_install() {
-	tdr_is_root || return 1
+	local sudo=()
+	if ! tdr_is_root; then
+		[[ ${TDR_APT_SUDO:-} == 1 ]] && sudo -n true >/dev/null 2>&1 || return 1
+		sudo=(sudo -n)
+	fi
 	command -v apt-get >/dev/null 2>&1 || return 1
 	if [[ -z ${TDR_APT_UPDATED:-} ]]; then
 		tdr_log "apt-get update"
-		DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || return 1
+		"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || return 1
 		TDR_APT_UPDATED=1
 	fi
 	tdr_log "apt-get install -y $*"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends "$@" >&2
 }
 
 # Fail early with a clear message when python3.11 cannot make virtual environments

@@ -506,11 +506,14 @@ async def ui_chat(
     question: str,
     model: str = PIPE_MODEL_ID,
     timeout: float = 120.0,
+    socket_url: str | None = None,
 ) -> UiChat:
     """Run a new chat over a socket.io session, as the web UI does.
 
     The server saves the chat, streams events to the session and writes the
     assistant message when done; the chat is then read back over REST.
+    ``socket_url`` is where the session connects (default: ``api``'s server;
+    another replica of a scaled deployment works the same way).
     """
     events: list[dict[str, Any]] = []
     message_id = str(uuid.uuid4())
@@ -530,14 +533,18 @@ async def ui_chat(
 
     sio.on("events", on_event)
     await sio.connect(
-        api.base_url,
+        socket_url or api.base_url,
         socketio_path="/ws/socket.io",
         auth={"token": api.token},
         transports=["websocket"],
         wait_timeout=20,
     )
     try:
-        await sio.emit("user-join", {"auth": {"token": api.token}})
+        # Acknowledged: once it returns, the session is in the user's room and
+        # no event of the chat can miss it.
+        await sio.call(
+            "user-join", {"auth": {"token": api.token}}, timeout=int(timeout)
+        )
         user_message = {
             "id": str(uuid.uuid4()),
             "parentId": None,
