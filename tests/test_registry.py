@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -704,3 +705,95 @@ def test_real_open_webui_registry(tmp_path: Path) -> None:
     assert result["parse_stranger"].endswith(
         "'# Error processing notes.txt: you do not have access to this file']"
     )
+
+
+class _SharedLocks:
+    """An asyncio Redis client's ``lock()``: one lock per name, as Redis keeps it."""
+
+    def __init__(self) -> None:
+        self.locks: dict[str, asyncio.Lock] = {}
+        self.names: list[str] = []
+        self.held: list[str] = []
+
+    def lock(self, name: str, timeout: float, blocking_timeout: float) -> Any:
+        shared = self.locks.setdefault(name, asyncio.Lock())
+        registry_of = self
+
+        class _Lock:
+            async def acquire(self) -> bool:
+                registry_of.names.append(name)
+                await shared.acquire()
+                registry_of.held.append(name)
+                return True
+
+            async def release(self) -> None:
+                registry_of.held.remove(name)
+                shared.release()
+
+        return _Lock()
+
+
+async def test_the_install_holds_a_lock_every_replica_sees():
+    # With Redis (several replicas) each tool's install runs under a lock keyed
+    # by its id, released afterwards; without Redis, nothing is locked.
+    client = _SharedLocks()
+    app = SimpleNamespace(state=SimpleNamespace(redis=client))
+    async with compat.replicas_lock(app, "tool-install:x") as held:
+        assert held
+        assert client.held == ["open-webui:tdr:tool-install:x"]
+    assert client.held == []
+    async with compat.replicas_lock(
+        SimpleNamespace(state=SimpleNamespace()), "x"
+    ) as held:
+        assert not held
+
+
+async def test_a_second_holder_waits_for_the_first():
+    client = _SharedLocks()
+    app = SimpleNamespace(state=SimpleNamespace(redis=client))
+    order: list[str] = []
+    first_in = asyncio.Event()
+    release_first = asyncio.Event()
+
+    async def first() -> None:
+        async with compat.replicas_lock(app, "k"):
+            order.append("first in")
+            first_in.set()
+            await release_first.wait()
+            order.append("first out")
+
+    async def second() -> None:
+        await first_in.wait()
+        async with compat.replicas_lock(app, "k"):
+            order.append("second in")
+
+    tasks = [asyncio.create_task(first()), asyncio.create_task(second())]
+    await first_in.wait()
+    while len(client.names) < 2:  # the second is waiting for the lock
+        await asyncio.sleep(0)
+    release_first.set()
+    await asyncio.gather(*tasks)
+    assert order == ["first in", "first out", "second in"]
+
+
+async def test_a_sync_client_or_a_failing_lock_never_blocks():
+    class SyncLock:
+        def acquire(self) -> bool:
+            raise AssertionError("a sync lock would block the event loop")
+
+    sync_client = SimpleNamespace(lock=lambda *a, **k: SyncLock())
+    app = SimpleNamespace(state=SimpleNamespace(redis=sync_client))
+    async with compat.replicas_lock(app, "k") as held:
+        assert not held
+
+    class Broken:
+        async def acquire(self) -> bool:
+            raise ConnectionError("redis down")
+
+        async def release(self) -> None:
+            raise AssertionError("never acquired")
+
+    broken = SimpleNamespace(lock=lambda *a, **k: Broken())
+    app = SimpleNamespace(state=SimpleNamespace(redis=broken))
+    async with compat.replicas_lock(app, "k") as held:
+        assert not held

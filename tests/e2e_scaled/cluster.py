@@ -15,9 +15,11 @@ import asyncio
 import contextlib
 import json
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from typing import Any
 import httpx
 import socketio
 
-from tests.e2e.owui import PIPE_MODEL_ID, Api, ApiError, OpenWebUIServer
+from tests.e2e.owui import FUNCTION_ID, PIPE_MODEL_ID, Api, ApiError, OpenWebUIServer
 
 from .services import PostgresServer, RedisServer
 
@@ -114,6 +116,20 @@ class Cluster:
     def errors_since(self, marks: Mapping[str, int]) -> dict[str, list[str]]:
         """Error lines each replica logged since ``marks`` (empty lists if none)."""
         return {r.name: r.error_lines(marks.get(r.name, 0)) for r in self.replicas}
+
+    def restart(self, label: str) -> None:
+        """Stop both replicas, then start A (it migrates) and B once A is ready.
+
+        Each replica's log so far is kept as an artifact named with ``label``;
+        the restarted processes write fresh logs (``setup_marks`` then no
+        longer apply to them).
+        """
+        for replica in (self.b, self.a):
+            replica.server.stop()
+        for replica in self.replicas:
+            replica.server.keep_log(f"open-webui-scaled-{replica.name}-{label}.log")
+        for replica in self.replicas:
+            replica.server.start()
 
 
 class SocketWatch:
@@ -256,3 +272,23 @@ async def saved_message(
         if message.get("done") or time.monotonic() > deadline:
             return message
         await asyncio.sleep(0.25)
+
+
+def list_models_at_once(replicas: tuple[Replica, Replica]) -> dict[str, list[str]]:
+    """``GET /api/models`` on both replicas at the same moment.
+
+    Each replica loads the pipe's module first (its valves schema needs it,
+    and reading it does not list models), so both listings reach the pipe's
+    ``pipes()``, which starts the tool install, at once.
+    """
+    for replica in replicas:
+        replica.api.get(f"/api/v1/functions/id/{FUNCTION_ID}/valves/spec")
+    start = threading.Barrier(len(replicas))
+
+    def listing(replica: Replica) -> list[str]:
+        start.wait(60)
+        return [str(model["id"]) for model in replica.api.models()]
+
+    with ThreadPoolExecutor(len(replicas)) as pool:
+        results = list(pool.map(listing, replicas))
+    return {r.name: ids for r, ids in zip(replicas, results, strict=True)}

@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 
 from tests.e2e.owui import (
-    FUNCTION_ID,
     PIPE_FILE,
     Api,
     OpenWebUIServer,
@@ -43,7 +40,7 @@ from tests.fakes.pages import PageSite
 from tests.fakes.searxng import FakeSearXNG
 from tongyi_deepresearch_openwebui_pipeline import __version__
 
-from .cluster import Cluster, Replica
+from .cluster import Cluster, Replica, list_models_at_once
 from .services import (
     PostgresServer,
     RedisServer,
@@ -199,26 +196,6 @@ def _shared_env(
     }
 
 
-def _list_models_at_once(replicas: tuple[Replica, Replica]) -> dict[str, list[str]]:
-    """``GET /api/models`` on both replicas at the same moment.
-
-    Each replica loads the pipe's module first (its valves schema needs it,
-    and reading it does not list models), so both listings reach the pipe's
-    ``pipes()``, which starts the tool install, at once.
-    """
-    for replica in replicas:
-        replica.api.get(f"/api/v1/functions/id/{FUNCTION_ID}/valves/spec")
-    start = threading.Barrier(len(replicas))
-
-    def listing(replica: Replica) -> list[str]:
-        start.wait(60)
-        return [str(model["id"]) for model in replica.api.models()]
-
-    with ThreadPoolExecutor(len(replicas)) as pool:
-        results = list(pool.map(listing, replicas))
-    return {r.name: ids for r, ids in zip(replicas, results, strict=True)}
-
-
 @pytest.fixture(scope="session")
 def cluster(  # noqa: PLR0917  (the fixtures it builds on)
     request: pytest.FixtureRequest,
@@ -261,7 +238,7 @@ def cluster(  # noqa: PLR0917  (the fixtures it builds on)
         b.api = Api(b.base_url, token)
         cluster = Cluster(a, b, postgres, redis, token)
         request.config.stash[CLUSTER_KEY] = cluster
-        cluster.first_listing = _list_models_at_once(cluster.replicas)
+        cluster.first_listing = list_models_at_once(cluster.replicas)
         for replica in cluster.replicas:
             cluster.tools[replica.name] = replica.api.wait_for_tools(timeout=90)
         if "deepresearch_visit" in cluster.tools["A"]:

@@ -20,6 +20,7 @@ returns ``None`` or an empty value instead of raising.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.metadata
 import inspect
@@ -29,7 +30,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -85,6 +86,40 @@ def openwebui_version() -> str | None:
 def running_app() -> Any:
     """The FastAPI app of the running server, or None (never imports it)."""
     return getattr(sys.modules.get("open_webui.main"), "app", None)
+
+
+@contextlib.asynccontextmanager
+async def replicas_lock(
+    app: Any, name: str, seconds: float = 60.0
+) -> AsyncIterator[bool]:
+    """Hold a lock every replica of this deployment sees; yields whether it does.
+
+    Open WebUI keeps an asyncio Redis client on ``app.state.redis`` when
+    ``REDIS_URL`` is set (the deployments that run several processes). Without
+    one (a single process), or with a client whose lock is not asyncio, or
+    when the lock cannot be had within ``seconds``, it yields False and the
+    caller goes on unlocked: the lock saves duplicate work, it never blocks.
+    """
+    client = getattr(getattr(app, "state", None), "redis", None)
+    make_lock = getattr(client, "lock", None)
+    lock = None
+    if make_lock is not None:
+        prefix = getattr(sys.modules.get("open_webui.env"), "REDIS_KEY_PREFIX", None)
+        key = f"{prefix or 'open-webui'}:tdr:{name}"
+        with contextlib.suppress(Exception):
+            candidate = make_lock(key, timeout=seconds, blocking_timeout=seconds)
+            if inspect.iscoroutinefunction(getattr(candidate, "acquire", None)):
+                lock = candidate
+    acquired = False
+    if lock is not None:
+        with contextlib.suppress(Exception):
+            acquired = bool(await lock.acquire())
+    try:
+        yield acquired
+    finally:
+        if acquired and lock is not None:
+            with contextlib.suppress(Exception):
+                await lock.release()
 
 
 # -- how a streamed pipe reply ends ----------------------------------------------------

@@ -357,6 +357,14 @@ async def _install_one(packaged: PackagedTool, owner_id: str, app: Any) -> str:
             packaged.version,
         )
         return KEPT
+    # Said once per process: with several replicas, each one's verdict shows.
+    _log_once(
+        f"current:{packaged.tool_id}:{packaged.version}",
+        logging.INFO,
+        "tool %s %s is up to date",
+        packaged.tool_id,
+        packaged.version,
+    )
     return CURRENT
 
 
@@ -405,7 +413,11 @@ async def _install_spec(
         report.errors[spec.registry_id] = "the tool file is not in the package"
         return
     try:
-        report.statuses[spec.registry_id] = await _install_one(packaged, owner_id, app)
+        # Replicas starting together would each update an older row: the one
+        # holding the lock does, the others then find it current.
+        async with compat.replicas_lock(app, f"tool-install:{spec.registry_id}"):
+            status = await _install_one(packaged, owner_id, app)
+        report.statuses[spec.registry_id] = status
     except asyncio.CancelledError:
         raise
     except Exception as error:  # report, never crash the pipe
