@@ -142,9 +142,17 @@ class SocketWatch:
         self.events: list[dict[str, Any]] = []
         self.sio = socketio.AsyncClient(reconnection=False)
         self.sio.on("events", self._on_event)
+        self.sio.on("disconnect", self._on_disconnect)
         self._changed = asyncio.Event()
+        #: (monotonic time, reason) of each disconnect the client saw.
+        self.disconnects: list[tuple[float, Any]] = []
+        self.joined_at = 0.0
         #: The server's answer to ``user-join`` (the user's id and name).
         self.joined: Any = None
+
+    async def _on_disconnect(self, reason: Any = None) -> None:
+        self.disconnects.append((time.monotonic(), reason))
+        self._changed.set()
 
     async def _on_event(self, data: dict[str, Any]) -> None:
         self.events.append(data)
@@ -167,6 +175,7 @@ class SocketWatch:
         if not self.joined:
             await self.sio.disconnect()
             raise AssertionError(f"replica {self.replica.name} refused user-join")
+        self.joined_at = time.monotonic()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -211,8 +220,18 @@ class SocketWatch:
         except TimeoutError:
             raise AssertionError(
                 f"{what}: not seen on the socket of replica {self.replica.name} "
-                f"within {timeout:.0f} s"
+                f"within {timeout:.0f} s ({self.diagnosis()})"
             ) from None
+
+    def diagnosis(self) -> str:
+        """The session's state, for a failure message."""
+        chats = sorted({str(e.get("chat_id")) for e in self.events})
+        return (
+            f"sid {self.sio.get_sid()!r}, connected {self.sio.connected}, "
+            f"transport {self.sio.transport()!r}, disconnects "
+            f"{[(round(t - self.joined_at, 1), r) for t, r in self.disconnects]} "
+            f"(s after join), {len(self.events)} events of chats {chats}"
+        )
 
 
 async def start_chat(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 
@@ -88,7 +89,22 @@ async def test_stop_on_the_other_replica_ends_the_research_and_its_model_stream(
         )
         # The research is live: its answer streams to the other replica's
         # session, the model server holds the rest, both replicas list the task.
-        await watch.wait_for(lambda w: w.shows(SHOWN), PATIENCE, "the answer's start")
+        try:
+            await watch.wait_for(
+                lambda w: w.shows(SHOWN), PATIENCE, "the answer's start"
+            )
+        except AssertionError as error:
+            # Tells a socket that missed the chat's events from a research
+            # that never streamed the answer's start (model side or pipe).
+            raise AssertionError(
+                f"{error}\nrunner's session: {session.diagnosis()}\n"
+                f"model gate reached: {gate.reached.is_set()}, released by "
+                f"{gate.released_by!r}, requests: {len(model.bodies(key))}\n"
+                f"event types on {other.name}: {watch.types(chat_id)}\n"
+                f"on {runner.name}: {session.types(chat_id)}\n"
+                f"events on {other.name}: "
+                f"{json.dumps(watch.of_chat(chat_id), ensure_ascii=False)[:4000]}"
+            ) from None
         assert await asyncio.to_thread(gate.reached.wait, PATIENCE)
         assert await asyncio.to_thread(task_ids, runner, chat_id)
         assert await asyncio.to_thread(task_ids, other, chat_id)
