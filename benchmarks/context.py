@@ -33,7 +33,11 @@ import time
 from dataclasses import dataclass
 
 import httpx
-from tests.fakes.long_research import LongResearch, evidence_for
+from tests.fakes.long_research import (
+    EvidenceTools,
+    LongResearch,
+    page_url,
+)
 from tests.fakes.openai_server import FakeOpenAI
 
 from tongyi_deepresearch_openwebui_pipeline.adapters.model_client import (
@@ -43,7 +47,6 @@ from tongyi_deepresearch_openwebui_pipeline.adapters.model_client import (
 from tongyi_deepresearch_openwebui_pipeline.core.events import (
     Event,
     RunFinished,
-    ToolOutcome,
     WrappingUp,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.loop import (
@@ -53,7 +56,6 @@ from tongyi_deepresearch_openwebui_pipeline.core.loop import (
     RunState,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.prompts import CONSOLIDATION_REQUEST
-from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import ToolCall
 
 from .report import Row
 
@@ -66,31 +68,6 @@ PEAK_GOAL = 0.95
 OVERHEAD_GOAL = 0.15
 QUESTION = "What are the properties of the items?"
 SYSTEM = "You are a deep research assistant."
-
-
-def page_url(page: int) -> str:
-    """The URL of scripted page `page`."""
-    return f"https://pages.example/count/{page}"
-
-
-class EvidenceTools:
-    """`ToolPort`: visit returns the page's 2-3K tokens of evidence."""
-
-    def available(self) -> list[str]:
-        """Only visit."""
-        return ["visit"]
-
-    async def run(self, call: ToolCall) -> ToolOutcome:
-        """The page's evidence, and the page as a source."""
-        url = call.arguments["url"][0]
-        page = int(url.rsplit("/", 1)[1])
-        text = f"The useful information in {url}:\n{evidence_for(page)}"
-        source = {
-            "source": {"name": f"Page {page}", "url": url},
-            "document": [text],
-            "metadata": [{"source": url, "name": f"Page {page}"}],
-        }
-        return ToolOutcome(text, sources=(source,), counts=(("pages_requested", 1),))
 
 
 @dataclass(frozen=True)

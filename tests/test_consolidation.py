@@ -18,7 +18,12 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from tests.fakes.long_research import LongResearch, evidence_for
+from tests.fakes.long_research import (
+    EvidenceTools,
+    LongResearch,
+    evidence_for,
+    page_url,
+)
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.pages import PageSite
 from tests.test_pipe import drive
@@ -37,7 +42,6 @@ from tongyi_deepresearch_openwebui_pipeline.core.events import (
     ConsolidationStarted,
     RoundStarted,
     RunFinished,
-    ToolOutcome,
     WrappingUp,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.history import strip_details
@@ -50,32 +54,9 @@ from tongyi_deepresearch_openwebui_pipeline.core.prompts import (
     CONSOLIDATION_REQUEST,
     PAGES_READ_HEADING,
 )
-from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import ToolCall
 
 QUESTION = [{"role": "user", "content": "What are the properties of the items?"}]
 SYSTEM = {"role": "system", "content": "You are a deep research assistant."}
-
-
-class EvidenceTools:
-    """`ToolPort`: visit returns 2-3K tokens of evidence and the page as a source."""
-
-    def available(self) -> list[str]:
-        return ["visit"]
-
-    async def run(self, call: ToolCall) -> ToolOutcome:
-        url = call.arguments["url"][0]
-        page = int(url.rsplit("/", 1)[1])
-        text = f"The useful information in {url}:\n{evidence_for(page)}"
-        source = {
-            "source": {"name": f"Page {page}", "url": url},
-            "document": [text],
-            "metadata": [{"source": url, "name": f"Page {page}"}],
-        }
-        return ToolOutcome(text, sources=(source,), counts=(("pages_requested", 1),))
-
-
-def page_url(page: int) -> str:
-    return f"https://pages.example/count/{page}"
 
 
 async def run_loop(fake: FakeOpenAI, limits: Limits) -> list[Any]:

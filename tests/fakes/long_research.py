@@ -17,10 +17,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from tongyi_deepresearch_openwebui_pipeline.core.events import ToolOutcome
 from tongyi_deepresearch_openwebui_pipeline.core.prompts import (
     CONSOLIDATION_REQUEST,
     WRAP_UP_MESSAGE,
 )
+from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import ToolCall
 
 from .openai_server import Reply, answer, tool_call
 
@@ -100,3 +102,28 @@ class LongResearch:
         page = int(found.group(1)) if found else 0
         evidence = {"rational": "r", "evidence": evidence_for(page), "summary": "s"}
         return Reply(content=json.dumps(evidence))
+
+
+def page_url(page: int) -> str:
+    """The URL of scripted page `page` (never fetched: `EvidenceTools` reads it)."""
+    return f"https://pages.example/count/{page}"
+
+
+class EvidenceTools:
+    """`ToolPort`: visit returns the page's 2-3K tokens of evidence and the page."""
+
+    def available(self) -> list[str]:
+        """Only visit."""
+        return ["visit"]
+
+    async def run(self, call: ToolCall) -> ToolOutcome:
+        """The page's evidence, and the page as a source."""
+        url = call.arguments["url"][0]
+        page = int(url.rsplit("/", 1)[1])
+        text = f"The useful information in {url}:\n{evidence_for(page)}"
+        source = {
+            "source": {"name": f"Page {page}", "url": url},
+            "document": [text],
+            "metadata": [{"source": url, "name": f"Page {page}"}],
+        }
+        return ToolOutcome(text, sources=(source,), counts=(("pages_requested", 1),))
