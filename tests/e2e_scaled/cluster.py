@@ -197,13 +197,40 @@ class SocketWatch:
         return [str((e.get("data") or {}).get("type")) for e in self.of_chat(chat_id)]
 
     def shows(self, text: str) -> bool:
-        """Whether any event so far carries ``text`` (a delta or a snapshot).
+        """Whether ``text`` streamed to this session, in one piece or spread out.
 
-        Open WebUI sends a new output item's first text inside a
-        ``chat:completion`` snapshot and the rest as ``response:completion``
-        deltas, so the whole event is searched.
+        Open WebUI sends an output item's text as a ``chat:completion``
+        snapshot of the whole output followed by ``response:completion``
+        deltas, and where it cuts depends on timing: the text can start in a
+        snapshot and end three deltas later. So each item's text is rebuilt
+        from the latest snapshot plus the deltas after it
+        (`streamed_texts`); any other event (a status line, an error) is
+        searched as it is.
         """
+        if any(text in streamed for streamed in self.streamed_texts().values()):
+            return True
         return any(text in json.dumps(e, ensure_ascii=False) for e in self.events)
+
+    def streamed_texts(self) -> dict[str, str]:
+        """Each streamed output item's text so far, by item id."""
+        texts: dict[str, str] = {}
+        for event in self.events:
+            payload = event.get("data") or {}
+            data = payload.get("data")
+            if not isinstance(data, dict):
+                continue
+            if payload.get("type") == "chat:completion" and isinstance(
+                data.get("output"), list
+            ):
+                for item in data["output"]:
+                    if isinstance(item, dict) and "id" in item:
+                        texts[str(item["id"])] = _item_text(item)
+            elif payload.get("type") == "response:completion" and isinstance(
+                data.get("delta"), str
+            ):
+                item_id = str(data.get("item_id"))
+                texts[item_id] = texts.get(item_id, "") + data["delta"]
+        return texts
 
     async def wait_for(
         self, predicate: Callable[[SocketWatch], bool], timeout: float, what: str
@@ -232,6 +259,15 @@ class SocketWatch:
             f"{[(round(t - self.joined_at, 1), r) for t, r in self.disconnects]} "
             f"(s after join), {len(self.events)} events of chats {chats}"
         )
+
+
+def _item_text(item: dict[str, Any]) -> str:
+    """The text of one output item of a ``chat:completion`` snapshot."""
+    return "".join(
+        str(part.get("text", ""))
+        for part in item.get("content") or []
+        if isinstance(part, dict)
+    )
 
 
 async def start_chat(
