@@ -23,7 +23,9 @@ ALLOWED = {
     "engine": {"core"},
     "adapters": {"core"},
     "pipes": {"core", "engine", "adapters"},
-    "runner": {"core", "engine", "adapters", "pipes"},
+    # The two front ends share what they both need through the lower layers
+    # (adapters/openwebui/valves.py, core/phrasing.py), never each other.
+    "runner": {"core", "engine", "adapters"},
     "tools": set(),
 }
 
@@ -79,6 +81,24 @@ def test_the_check_sees_relative_imports() -> None:
     assert found == {"core", "engine", "adapters"}
     engine = {layer for _, layer in imported_layers(PACKAGE / "engine" / "runs.py")}
     assert engine == {"core"}
+
+
+def test_the_runner_validates_with_the_valves_the_pipe_serves(tmp_path: Path) -> None:
+    from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.valves import (
+        Valves,
+    )
+    from tongyi_deepresearch_openwebui_pipeline.pipes.pipe import Pipe
+    from tongyi_deepresearch_openwebui_pipeline.runner.settings import (
+        VALVE_NAMES,
+        load_settings,
+    )
+
+    assert Pipe.Valves is Valves
+    assert frozenset(Valves.model_fields) == VALVE_NAMES
+    env = {"XDG_CONFIG_HOME": str(tmp_path), "TDR_MAX_TOOL_ROUNDS": "7"}
+    settings = load_settings({}, env)
+    assert type(settings.valves) is Valves
+    assert settings.valves.MAX_TOOL_ROUNDS == 7
 
 
 # -- each tool is defined once ----------------------------------------------------
