@@ -23,7 +23,9 @@ ALLOWED = {
     "engine": {"core"},
     "adapters": {"core"},
     "pipes": {"core", "engine", "adapters"},
-    "runner": {"core", "engine", "adapters", "pipes"},
+    # The two front ends share what they both need through the lower layers
+    # (adapters/openwebui/valves.py, core/phrasing.py), never each other.
+    "runner": {"core", "engine", "adapters"},
     "tools": set(),
 }
 
@@ -81,6 +83,24 @@ def test_the_check_sees_relative_imports() -> None:
     assert engine == {"core"}
 
 
+def test_the_runner_validates_with_the_valves_the_pipe_serves(tmp_path: Path) -> None:
+    from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.valves import (
+        Valves,
+    )
+    from tongyi_deepresearch_openwebui_pipeline.pipes.pipe import Pipe
+    from tongyi_deepresearch_openwebui_pipeline.runner.settings import (
+        VALVE_NAMES,
+        load_settings,
+    )
+
+    assert Pipe.Valves is Valves
+    assert frozenset(Valves.model_fields) == VALVE_NAMES
+    env = {"XDG_CONFIG_HOME": str(tmp_path), "TDR_MAX_TOOL_ROUNDS": "7"}
+    settings = load_settings({}, env)
+    assert type(settings.valves) is Valves
+    assert settings.valves.MAX_TOOL_ROUNDS == 7
+
+
 # -- each tool is defined once ----------------------------------------------------
 
 
@@ -117,3 +137,47 @@ def test_each_tool_switch_is_a_pipe_valve_from_the_catalog() -> None:
     switches: dict[str, Any] = {CATALOG[0].valve: False}
     off = Pipe.Valves(**switches)
     assert getattr(off, CATALOG[0].valve) is False
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments"),
+    [
+        ("search", {"query": ["a", "b"]}),
+        ("google_scholar", {"query": ["c"]}),
+        ("visit", {"url": ["https://example.org/"], "goal": "g"}),
+        ("parse_file", {"files": ["a.txt", "b.pdf"]}),
+        ("PythonInterpreter", {}),
+        # A call that failed its check keeps the model's arguments as written.
+        ("visit", {"url": 5, "goal": "g"}),
+        ("search", {"query": "one string"}),
+        ("no_such_tool", {}),
+    ],
+)
+def test_both_front_ends_describe_a_call_by_its_catalog_entry(
+    name: str, arguments: dict[str, Any]
+) -> None:
+    from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.catalog import (
+        describe_call,
+    )
+    from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.render import (
+        ChatRenderer,
+        Display,
+    )
+    from tongyi_deepresearch_openwebui_pipeline.core.events import (
+        RoundStarted,
+        ToolCallStarted,
+    )
+    from tongyi_deepresearch_openwebui_pipeline.core.sources import SourceLedger
+    from tongyi_deepresearch_openwebui_pipeline.runner.render import (
+        TerminalRenderer,
+    )
+
+    line = describe_call(name, arguments)
+    chat = ChatRenderer(SourceLedger(), Display())
+    terminal = TerminalRenderer()
+    chat.render(RoundStarted(2, 9))
+    terminal.render(RoundStarted(2, 9))
+    event = ToolCallStarted(0, name, arguments)
+    statuses = [payload["data"]["description"] for payload in chat.render(event).events]
+    assert statuses == [f"Round 2/9 · {line}"]
+    assert terminal.render(event) == f"  → {line}\n"

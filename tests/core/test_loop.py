@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import pytest
@@ -589,3 +589,42 @@ async def test_each_call_of_a_turn_reports_its_own_duration():
     events = await collect(make_loop(model, StaggeredTools(clock), clock=clock))
     seconds = {e.name: e.seconds for e in events if isinstance(e, ToolCallFinished)}
     assert seconds == {"search": 0.0, "visit": 7.0}
+
+
+# -- closing a run early ----------------------------------------------------------
+
+
+class HeldModel:
+    """Streams one chunk of thinking, then holds until its stream is closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def stream(
+        self, messages: list[dict[str, Any]], max_tokens: int | None = None
+    ) -> AsyncIterator[Any]:
+        try:
+            yield ModelDelta(reasoning="thinking")
+            await asyncio.Event().wait()  # only closing the stream ends it
+        finally:
+            self.closed = True
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [Limits(), Limits(max_rounds=0)],
+    ids=["a round's turn", "the wrap-up's turn"],
+)
+async def test_closing_the_run_closes_the_model_stream_before_it_returns(limits):
+    model = HeldModel()
+    events = make_loop(model, limits=limits).run()
+    assert isinstance(events, AsyncGenerator)
+    async for event in events:
+        if isinstance(event, ThinkingDelta):
+            break
+    assert not model.closed
+    await events.aclose()
+    # Nothing else ran on the event loop since aclose() was called: the steps
+    # between the run and the stream were closed by it, not by the finalizer
+    # of abandoned generators later.
+    assert model.closed

@@ -49,9 +49,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from .budget import MESSAGE_OVERHEAD_TOKENS, estimate_text_tokens, messages_tokens
 from .consolidation import (
@@ -149,6 +150,11 @@ PAGES_NOTE_SHARE = 0.15
 
 #: What a run does when the conversation fills the usable context.
 AtLimit = Literal["consolidate", "wrap_up"]
+#: The loop's own steps are async generators, and each is iterated inside
+#: ``aclosing()``: a run closed early (Stop) closes every step under it at
+#: once, down to the model's stream, instead of leaving them to the garbage
+#: collector's finalizer.
+_Events: TypeAlias = AsyncGenerator[Event, None]
 
 
 class _OutOfTimeError(Exception):
@@ -348,45 +354,51 @@ class ResearchLoop:
         small = self._small_context_warning()
         if small is not None:
             yield small
-        async for event in self._rounds():
-            yield event
+        async with aclosing(self._rounds()) as events:
+            async for event in events:
+                yield event
 
-    async def _rounds(self) -> AsyncIterator[Event]:
+    async def _rounds(self) -> _Events:
         step = _Step()
         while not step.ended:
-            async for event in self._at_budgets(step):
-                yield event
+            async with aclosing(self._at_budgets(step)) as events:
+                async for event in events:
+                    yield event
             if step.ended:
                 return
-            async for event in self._round(step):
-                yield event
+            async with aclosing(self._round(step)) as events:
+                async for event in events:
+                    yield event
 
-    async def _at_budgets(self, step: _Step) -> AsyncIterator[Event]:
+    async def _at_budgets(self, step: _Step) -> _Events:
         """Before a round: consolidate, or wrap up, when a budget ran out."""
         exhausted = self._exhausted_budget()
         if self._refused_for_length and not exhausted:
             exhausted = "context_limit"
         if exhausted == "context_limit" and self._may_consolidate():
             consolidation = _Consolidation()
-            async for event in self._consolidate(consolidation):
-                yield event
+            async with aclosing(self._consolidate(consolidation)) as events:
+                async for event in events:
+                    yield event
             if consolidation.done:
                 self._refused_for_length = False
                 return
             exhausted = self._exhausted_budget() or "context_limit"
         if exhausted:
             step.ended = True
-            async for event in self._wrap_up(exhausted):
-                yield event
+            async with aclosing(self._wrap_up(exhausted)) as events:
+                async for event in events:
+                    yield event
 
-    async def _round(self, step: _Step) -> AsyncIterator[Event]:
+    async def _round(self, step: _Step) -> _Events:
         """One round: the model's turn, then its tool calls (or the end)."""
         state = self.state
         state.round += 1
         yield RoundStarted(state.round, self.limits.max_rounds)
         result = _TurnResult(TurnParser().finish())
-        async for event in self._turn_or_end(result, step):
-            yield event
+        async with aclosing(self._turn_or_end(result, step)) as events:
+            async for event in events:
+                yield event
         if step.ended or result.refused:
             return
         turn = result.turn
@@ -396,8 +408,9 @@ class ResearchLoop:
             yield self._finished("answer", answer=turn.answer.strip())
         elif turn.calls:
             state.stalls = 0
-            async for event in self._run_calls(turn.calls):
-                yield event
+            async with aclosing(self._run_calls(turn.calls)) as events:
+                async for event in events:
+                    yield event
         elif state.stalls >= 1 and turn.stray_text:
             step.ended = True
             yield self._finished("answer", answer=turn.stray_text, answer_marked=False)
@@ -407,15 +420,13 @@ class ResearchLoop:
             nudge = CUT_OFF_NUDGE if cut else NO_CALL_NUDGE
             state.messages.append({"role": "user", "content": wrap_response(nudge)})
 
-    async def _turn_or_end(
-        self, result: _TurnResult, step: _Step
-    ) -> AsyncIterator[Event]:
+    async def _turn_or_end(self, result: _TurnResult, step: _Step) -> _Events:
         """Stream the model's turn; a failure ends the run or is recovered from."""
+        deadline, grace = self._deadline(), self._grace_deadline()
         try:
-            async for event in self._model_turn(
-                result, self._deadline(), self._grace_deadline()
-            ):
-                yield event
+            async with aclosing(self._model_turn(result, deadline, grace)) as events:
+                async for event in events:
+                    yield event
             return
         except ContextOverflowError as error:
             yield self._overflowed(error)
@@ -432,8 +443,9 @@ class ResearchLoop:
         except _OutOfTimeError:
             events = self._out_of_time(result)
         step.ended = True
-        async for event in events:
-            yield event
+        async with aclosing(events):
+            async for event in events:
+                yield event
 
     # -- deadlines --
     def _deadline(self) -> float:
@@ -446,12 +458,13 @@ class ResearchLoop:
         now = asyncio.get_running_loop().time()
         return max(self._deadline(), now) + self.limits.wrap_up_seconds
 
-    async def _out_of_time(self, result: _TurnResult) -> AsyncIterator[Event]:
+    async def _out_of_time(self, result: _TurnResult) -> _Events:
         """The deadline passed mid-turn: keep a started answer, or wrap up."""
         if not result.answering:
             # The unfinished turn is dropped; the wrap-up asks for the answer.
-            async for event in self._wrap_up("time_limit"):
-                yield event
+            async with aclosing(self._wrap_up("time_limit")) as events:
+                async for event in events:
+                    yield event
             return
         # It was writing its answer and overran even the grace: keep that.
         turn = result.turn
@@ -465,7 +478,7 @@ class ResearchLoop:
     # -- one model call --
     async def _model_turn(
         self, result: _TurnResult, deadline: float, answer_deadline: float
-    ) -> AsyncIterator[Event]:
+    ) -> _Events:
         """Stream one model turn into ``result``, bounded in wall-clock time.
 
         The turn must end by ``deadline``, or by ``answer_deadline`` once it
@@ -610,7 +623,7 @@ class ResearchLoop:
             and self.state.counters.consolidations < limits.max_consolidations
         )
 
-    async def _consolidate(self, outcome: _Consolidation) -> AsyncIterator[Event]:
+    async def _consolidate(self, outcome: _Consolidation) -> _Events:
         """Replace the conversation by the question and its state, if one comes.
 
         ``outcome.done`` says whether it did; otherwise the conversation is
@@ -633,8 +646,10 @@ class ResearchLoop:
             return
         call = _SummaryCall()
         try:
-            async for event in self._summary_call(request, reply_tokens, call):
-                yield event
+            summary = self._summary_call(request, reply_tokens, call)
+            async with aclosing(summary) as events:
+                async for event in events:
+                    yield event
         except ModelError as error:
             yield ConsolidationFailed(number, error.message)
             return
@@ -667,7 +682,7 @@ class ResearchLoop:
 
     async def _summary_call(
         self, request: list[dict[str, Any]], max_tokens: int, call: _SummaryCall
-    ) -> AsyncIterator[Event]:
+    ) -> _Events:
         """Stream the summary model's reply into ``call``, within the deadline."""
         counters = self.state.counters
         deadline = self._deadline()
@@ -722,7 +737,7 @@ class ResearchLoop:
         )
 
     # -- tools --
-    async def _run_calls(self, raw_calls: tuple[str, ...]) -> AsyncIterator[Event]:
+    async def _run_calls(self, raw_calls: tuple[str, ...]) -> _Events:
         available = self.tools.available()
         limit = self.limits.max_calls_per_turn
         planned: list[ToolCall | CallError] = []
@@ -850,7 +865,7 @@ class ResearchLoop:
             return "context_limit"
         return None
 
-    async def _wrap_up(self, reason: Termination) -> AsyncIterator[Event]:
+    async def _wrap_up(self, reason: Termination) -> _Events:
         state = self.state
         # The wrap-up is a model call like any round: the summary counts it.
         state.round += 1
@@ -863,8 +878,9 @@ class ResearchLoop:
             self._make_room_for_answer()
             result = _TurnResult(TurnParser().finish())
             try:
-                async for event in self._model_turn(result, grace, grace):
-                    yield event
+                async with aclosing(self._model_turn(result, grace, grace)) as events:
+                    async for event in events:
+                        yield event
             except ContextOverflowError as error:
                 if attempt == OVERFLOW_RETRIES:
                     yield self._finished("error", error=error.message)
@@ -931,7 +947,7 @@ class ResearchLoop:
         )
 
 
-async def _just(event: Event) -> AsyncIterator[Event]:
+async def _just(event: Event) -> _Events:
     yield event
 
 

@@ -1,8 +1,9 @@
 """The headless runner: ``tongyi-deepresearch ask|batch`` outside Open WebUI.
 
 A second front end next to the Open WebUI pipe (``pipes/``): it builds the
-same `RunPlan` from the same settings (the pipe's valves, read from flags,
-``TDR_<NAME>`` environment variables or a TOML file), runs it through
+same `RunPlan` from the same settings (the pipe's valves, defined once in
+``adapters/openwebui/valves.py``, read from flags, ``TDR_<NAME>``
+environment variables or a TOML file; it never imports the pipe), runs it through
 `engine.runs` with the same model client and the same tool modules (search
 through SearXNG, scholar through its backends, visit with its built-in
 fetcher), renders the events for a terminal (`render`, pure) and does the

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from .. import __version__
-from ..pipes.pipe import Pipe
+from ..adapters.openwebui.valves import Valves
 from .batch import (
     BatchState,
     Job,
@@ -75,7 +75,7 @@ def _flag(name: str) -> str:
 
 
 def _description(name: str) -> str:
-    fields = {**Pipe.Valves.model_fields, **RunnerOptions.model_fields}
+    fields = {**Valves.model_fields, **RunnerOptions.model_fields}
     text = fields[name].description or ""
     return f"{text} [{name}; env TDR_{name}]".replace("%", "%%")
 

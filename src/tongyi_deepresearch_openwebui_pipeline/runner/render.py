@@ -4,7 +4,9 @@
 status line, `ToolStatus`) into the text to show; it keeps only what it must
 to lay the lines out (the round, token totals, an unfinished line of
 reasoning). The functions below format a batch's progress line and final
-table. Nothing here writes anywhere: the CLI does the I/O.
+table. Token counts, durations and the round are said in the chat's words
+(`core.phrasing`); a call is described by its tool's catalog entry. Nothing
+here writes anywhere: the CLI does the I/O.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ..core.events import (
     UsageUpdated,
     WrappingUp,
 )
+from ..core.phrasing import duration_text, round_label, tokens_text
 
 
 @dataclass(frozen=True)
@@ -48,21 +51,9 @@ class ToolStatus:
     kind: str = "tool_status"
 
 
-def tokens_text(prompt: int, completion: int, cost: float | None = None) -> str:
-    """``1,234 tokens in / 56 out`` (and the cost when known)."""
-    text = f"{prompt:,} tokens in / {completion:,} out"
-    return text + (f" · ${cost:.4f}" if cost is not None else "")
-
-
 def plural(count: int, noun: str) -> str:
     """``1 round``, ``3 rounds``."""
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
-
-
-def duration_text(seconds: float) -> str:
-    """``4 s`` or ``2 min 5 s``."""
-    minutes, secs = divmod(round(seconds), 60)
-    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -148,7 +139,7 @@ class TerminalRenderer:
         if isinstance(event, RoundStarted):
             lane.round, lane.max_rounds = event.round, event.max_rounds
             usage = f" · {lane.usage}" if lane.usage else ""
-            return f"{p}── Round {event.round}/{event.max_rounds}{usage}\n"
+            return f"{p}── {round_label(event.round, event.max_rounds)}{usage}\n"
         if isinstance(event, ToolCallStarted):
             call = _one_line(describe_call(event.name, event.arguments))
             lane.calls = (*lane.calls[-4:], call)

@@ -37,18 +37,18 @@ from ..adapters.model_client import (
     shared_ssl_context,
 )
 from ..adapters.openwebui.catalog import CATALOG
-from ..adapters.openwebui.toolbox import (
-    SharedEndpoint,
-    Toolbox,
-    ToolContext,
-    ToolResolver,
+from ..adapters.openwebui.toolbox import Toolbox, ToolContext, ToolResolver
+from ..adapters.openwebui.valves import (
+    extractor_endpoint,
+    model_settings,
+    research_limits,
+    summary_settings,
 )
 from ..core.events import RunEvent, RunFinished
-from ..core.loop import Limits, RunState
+from ..core.loop import RunState
 from ..core.prompts import system_prompt_with
 from ..core.sources import SourceLedger
 from ..engine.runs import HeavySettings, RunPlan, research, single_run
-from ..pipes.pipe import _model_settings, _summary_settings
 from .render import ToolStatus, plural
 from .results import Outcome
 from .settings import Settings
@@ -164,40 +164,25 @@ class Researcher:
         """Use `http` for every model request (the caller closes it)."""
         self.settings = settings
         valves = settings.valves
-        self.model_settings = _model_settings(valves, settings.api_key)
+        self.model_settings = model_settings(valves, settings.api_key)
         self.model = OpenAIModelClient(self.model_settings, http)
         self.summarizer = OpenAIModelClient(
-            _summary_settings(valves, self.model_settings, settings.summary_key),
+            summary_settings(valves, self.model_settings, settings.summary_key),
             http,
         )
         self.tools = tools
         self.today = today
-        self.limits = Limits(
-            max_rounds=valves.MAX_TOOL_ROUNDS,
-            max_context_tokens=valves.MAX_CONTEXT_TOKENS,
-            max_seconds=valves.MAX_RESEARCH_MINUTES * 60,
-            max_calls_per_turn=valves.MAX_CALLS_PER_TURN,
-            model_context_tokens=served_context,
-            max_output_tokens=valves.MAX_TOKENS,
-            at_limit=valves.CONTEXT_STRATEGY,
-            max_consolidations=valves.MAX_CONSOLIDATIONS,
-        )
+        self.limits = research_limits(valves, served_context)
 
     def toolbox(self, sink: EventSink | None, rollout: int = 0) -> Toolbox:
         """The tools of one run (a rollout's statuses name it)."""
         valves = self.settings.valves
-        extractor = SharedEndpoint(
-            url_valve="EXTRACTOR_BASE_URL",
-            key_valve="EXTRACTOR_API_KEY",
-            model_valve="EXTRACTOR_MODEL",
-            base_url=valves.API_BASE_URL,
-            api_key=self.settings.api_key,
-            model=valves.MODEL_ID,
-        )
         context = ToolContext(
             chat_id=f"runner-{uuid.uuid4().hex}",
             emitter=_status_relay(sink, rollout) if sink else None,
-            shared_endpoints={"visit": extractor},
+            shared_endpoints={
+                "visit": extractor_endpoint(valves, self.settings.api_key)
+            },
         )
         return Toolbox(
             self.tools.classes,
@@ -302,7 +287,7 @@ async def check_model_server(http: httpx.AsyncClient, settings: Settings) -> Non
     Raises:
         RunnerError: Nothing answers, or the server refuses the key.
     """
-    model = _model_settings(settings.valves, settings.api_key)
+    model = model_settings(settings.valves, settings.api_key)
     where = model.public_base_url
     try:
         response = await http.get(
@@ -345,7 +330,7 @@ async def open_researcher(
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
     ) as http:
         await check_model_server(http, settings)
-        model = _model_settings(settings.valves, settings.api_key)
+        model = model_settings(settings.valves, settings.api_key)
         served = await served_context_tokens(http, model)
         yield Researcher(
             settings, http, tools, served, today or dt.datetime.now(dt.UTC).date()

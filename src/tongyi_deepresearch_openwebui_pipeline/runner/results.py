@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..adapters.openwebui.render import sources_list
-from ..core.events import TERMINATION_TEXT, RunFinished
+from ..core.events import RunFinished
+from ..core.phrasing import UNMARKED_ANSWER_NOTE, no_answer_note, stopped_note
 from ..core.sources import Source, SourceLedger, rewrite_answer
 
 
@@ -65,14 +66,11 @@ def answer_markdown(outcome: Outcome) -> str:
     finished = outcome.finished
     parts = [outcome.answer] if outcome.answer else []
     if finished.reason == "error":
-        parts.append(f"> **The research stopped:** {finished.error}")
+        parts.append(f"> {stopped_note(finished.error)}")
     elif not finished.answer:
-        parts.append(
-            "> The model ended without a final answer "
-            f"({TERMINATION_TEXT.get(finished.reason, finished.reason)})."
-        )
+        parts.append(f"> {no_answer_note(finished.reason)}")
     elif not finished.answer_marked:
-        parts.append("*(The model did not mark this as its final answer.)*")
+        parts.append(UNMARKED_ANSWER_NOTE)
     ledger = SourceLedger()
     ledger.sources = list(outcome.sources)
     listed = sources_list(ledger).strip()

@@ -1,9 +1,10 @@
 """The runner's settings: the pipe's valves, from flags, environment or TOML.
 
-Every setting has the name and default of the pipe's valve (`Pipe.Valves`,
-defined once in ``pipes/pipe.py``), plus the few only a run outside Open
-WebUI needs (`RunnerOptions`: where SearXNG is, whether visit may read
-private addresses). Each is read, later sources winning, from:
+Every setting has the name and default of the pipe's valve (`Valves`,
+defined once in ``adapters/openwebui/valves.py`` and served by the pipe as
+``Pipe.Valves``), plus the few only a run outside Open WebUI needs
+(`RunnerOptions`: where SearXNG is, whether visit may read private
+addresses). Each is read, later sources winning, from:
 
 1. its default;
 2. a TOML config file (``--config FILE``, else ``$TDR_CONFIG``, else
@@ -30,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..adapters import secrets
 from ..adapters.openwebui.catalog import tool_modules
-from ..pipes.pipe import Pipe, _Settings
+from ..adapters.openwebui.valves import BaseValves, Valves
 
 #: Environment variables of settings start with this.
 ENV_PREFIX = "TDR_"
@@ -63,7 +64,7 @@ class RunnerOptions(BaseModel):
 
 
 #: Every setting's name, by the model that holds it.
-VALVE_NAMES: frozenset[str] = frozenset(Pipe.Valves.model_fields)
+VALVE_NAMES: frozenset[str] = frozenset(Valves.model_fields)
 OPTION_NAMES: frozenset[str] = frozenset(RunnerOptions.model_fields)
 ALL_NAMES: frozenset[str] = VALVE_NAMES | OPTION_NAMES
 
@@ -72,8 +73,8 @@ ALL_NAMES: frozenset[str] = VALVE_NAMES | OPTION_NAMES
 class Settings:
     """Everything a runner needs to know, checked."""
 
-    #: The pipe's valves (an instance of `Pipe.Valves`).
-    valves: _Settings
+    #: The pipe's valves (an instance of `Valves`).
+    valves: BaseValves
     options: RunnerOptions
     #: Valves of each tool from the config file's ``[tools.<name>]`` tables.
     tool_valves: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -212,7 +213,7 @@ def load_settings(
     values.update(given)
     origin.update(dict.fromkeys(given, "the command line"))
     valves = _validated(
-        Pipe.Valves,
+        Valves,
         {k: v for k, v in values.items() if k in VALVE_NAMES},
         origin,
     )

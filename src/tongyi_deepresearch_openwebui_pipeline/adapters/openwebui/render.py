@@ -15,6 +15,9 @@ Status lines (round n of N, what is being searched or read, tokens and cost),
 sources and notifications are event payloads for the emitter. Rendering is
 pure: `render(event)` returns a `Rendered` (the text to yield and the payloads
 to emit) and the pipe, the only part that does I/O, yields and emits them.
+The words it shares with the terminal runner (token counts, durations, the
+round, the notes under an answer) are `core.phrasing`'s; a call's status line
+is its tool's (`catalog.describe_call`).
 
 Nothing the model or a page writes can forge this markup: reasoning text gets
 a zero-width space after every ``<`` and ``◁`` (so ``</think>`` or
@@ -56,7 +59,16 @@ from ...core.events import (
     WrappingUp,
 )
 from ...core.history import RESTART_NOTE
+from ...core.phrasing import (
+    UNMARKED_ANSWER_NOTE,
+    duration_text,
+    no_answer_note,
+    round_label,
+    stopped_note,
+    tokens_text,
+)
 from ...core.sources import CitationRewriter, SourceLedger, source_event
+from .catalog import describe_call
 from .emitter import notification_payload, status_payload
 
 #: Longest tool result shown in a card (the model always gets all of it).
@@ -135,35 +147,6 @@ def tool_card(
     )
 
 
-def _describe_call(name: str, arguments: dict[str, Any]) -> str:
-    if name in ("search", "google_scholar"):
-        queries = arguments.get("query") or []
-        label = "Searching" if name == "search" else "Searching scholarly sources"
-        return f"{label}: " + " · ".join(str(q) for q in queries)
-    if name == "visit":
-        urls = arguments.get("url") or []
-        return "Reading: " + " · ".join(str(u) for u in urls)
-    if name == "parse_file":
-        return "Reading files: " + ", ".join(
-            str(f) for f in arguments.get("files") or []
-        )
-    if name == "PythonInterpreter":
-        return "Running Python code"
-    return f"Calling {name or 'a tool'}"
-
-
-def _tokens(stats_prompt: int, stats_completion: int, cost: float | None) -> str:
-    text = f"{stats_prompt:,} tokens in / {stats_completion:,} out"
-    if cost is not None:
-        text += f" · ${cost:.4f}"
-    return text
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
-
-
 def consolidation_card(event: Consolidated) -> str:
     """A collapsible card with the state a consolidation wrote.
 
@@ -190,10 +173,11 @@ def _context_lines(stats: RunStats) -> list[str]:
     """The summary's lines on consolidations and the peak context."""
     lines: list[str] = []
     if stats.consolidations:
+        calls = tokens_text(
+            stats.consolidation_prompt_tokens, stats.consolidation_completion_tokens
+        )
         lines.append(
-            f"- Consolidations: {stats.consolidations} (summary calls: "
-            f"{stats.consolidation_prompt_tokens:,} tokens in / "
-            f"{stats.consolidation_completion_tokens:,} out)"
+            f"- Consolidations: {stats.consolidations} (summary calls: {calls})"
         )
     if stats.peak_context_tokens and stats.served_context_tokens:
         share = stats.peak_context_tokens / stats.served_context_tokens
@@ -212,7 +196,7 @@ def _rollout_line(rollout: RolloutSummary) -> str:
     return (
         f"  - Rollout {rollout.rollout}: {stats.rounds} rounds, "
         f"{stats.searches} searches, "
-        f"{_tokens(stats.prompt_tokens, stats.completion_tokens, stats.cost)}; "
+        f"{tokens_text(stats.prompt_tokens, stats.completion_tokens, stats.cost)}; "
         f"{ending}"
     )
 
@@ -245,7 +229,7 @@ def summary_block(
     ]
     if stats.cost is not None:
         lines.append(f"- Cost: ${stats.cost:.4f}")
-    lines.append(f"- Time: {_duration(stats.seconds)}")
+    lines.append(f"- Time: {duration_text(stats.seconds)}")
     lines.append(f"- Ended because {TERMINATION_TEXT.get(reason, reason)}.")
     body = "\n".join(lines)
     return (
@@ -341,7 +325,7 @@ class ChatRenderer:
         return out
 
     def _prefix(self) -> str:
-        return f"Round {self._round}/{self._max_rounds}"
+        return round_label(self._round, self._max_rounds)
 
     def render(self, event: RunEvent) -> Rendered:
         """What one event shows: text to yield, payloads to emit (in that order)."""
@@ -384,7 +368,7 @@ class ChatRenderer:
                 )
             return text
         if isinstance(event, UsageUpdated) and self.display.usage:
-            self._usage = _tokens(
+            self._usage = tokens_text(
                 event.total_prompt_tokens,
                 event.total_completion_tokens,
                 event.total_cost,
@@ -397,7 +381,7 @@ class ChatRenderer:
             suffix = f" · {self._usage}" if self._usage else ""
             return f"{self._prefix()} · thinking…{suffix}"
         if isinstance(event, ToolCallStarted):
-            return f"{self._prefix()} · {_describe_call(event.name, event.arguments)}"
+            return f"{self._prefix()} · {describe_call(event.name, event.arguments)}"
         if isinstance(event, ModelRetrying):
             return (
                 f"{self._prefix()} · model server problem ({event.reason}); retrying "
@@ -458,19 +442,16 @@ class ChatRenderer:
         for warning in dict.fromkeys(self._warnings):  # each said once
             out += f"\n\n> ⚠️ {markdown_text(warning)}\n"
         if event.reason == "error":
-            out += f"\n\n> ⚠️ **The research stopped:** {event.error}\n"
+            out += f"\n\n> ⚠️ {stopped_note(event.error)}\n"
             self._payloads.append(notification_payload("error", event.error))
         elif not event.answer:
-            out += (
-                "\n\n> ⚠️ The model ended without a final answer "
-                f"({TERMINATION_TEXT[event.reason]}).\n"
-            )
+            out += f"\n\n> ⚠️ {no_answer_note(event.reason)}\n"
         elif not event.answer_marked:
-            out += "\n\n*(The model did not mark this as its final answer.)*\n"
+            out += f"\n\n{UNMARKED_ANSWER_NOTE}\n"
         out += sources_list(self.ledger)
         if self.display.summary:
             out += summary_block(event.stats, event.reason, self.ledger, event.rollouts)
-        usage = _tokens(
+        usage = tokens_text(
             event.stats.prompt_tokens, event.stats.completion_tokens, event.stats.cost
         )
         self._status(

@@ -1,0 +1,354 @@
+"""The valves both front ends read, and the settings derived from them.
+
+The pipe's valves (Admin Panel → Functions → Tongyi DeepResearch) are also
+the headless runner's settings (``tongyi-deepresearch``, from flags,
+``TDR_<NAME>`` or TOML): one `Valves` class, defined here, which the pipe
+serves as ``Pipe.Valves`` and the runner validates its settings with. What a
+run needs from them is derived here once for both: how to reach the research
+model (`model_settings`) and the summary model (`summary_settings`), the
+run's budgets (`research_limits`), and the research model's endpoint offered
+to the visit tool's extractor (`extractor_endpoint`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+
+from ...core.loop import Limits
+from .. import secrets
+from ..model_client import ModelSettings
+from .catalog import CATALOG
+from .toolbox import SharedEndpoint
+
+DEFAULT_BASE_URL = "http://localhost:8000/v1"
+DEFAULT_MODEL = "Alibaba-NLP/Tongyi-DeepResearch-30B-A3B"
+
+
+def _http_url(value: str) -> str:
+    value = value.strip()
+    if value and not value.startswith(("http://", "https://")):
+        raise ValueError(
+            "must start with http:// or https:// (e.g. http://localhost:8000/v1)"
+        )
+    if value and not urlsplit(value).hostname:
+        # "http://" alone would pass the prefix check and fail on every request.
+        raise ValueError("has no host name (e.g. http://localhost:8000/v1)")
+    return value.rstrip("/")
+
+
+class BaseValves(BaseModel):
+    """Admin settings (Admin Panel → Functions → Tongyi DeepResearch)."""
+
+    # A rejected value may hold a key or a URL with a password: validation
+    # errors (shown and logged by Open WebUI) must not repeat it.
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    API_BASE_URL: str = Field(
+        default=DEFAULT_BASE_URL,
+        description="OpenAI-compatible endpoint of the model server "
+        "(vLLM/SGLang: http://localhost:8000/v1; "
+        "llama.cpp: http://localhost:8080/v1; "
+        "Ollama: http://localhost:11434/v1; or a hosted provider).",
+    )
+    API_KEY: str = Field(
+        default="",
+        description="API key for the model server; leave empty for local servers.",
+    )
+    MODEL_ID: str = Field(
+        default=DEFAULT_MODEL,
+        description="Model id as the server knows it.",
+    )
+    TEMPERATURE: float = Field(
+        # The lab's runner passes TEMPERATURE=0.85 from its .env.example, and
+        # the technical report evaluates at 0.85: the published scores' setting.
+        # react_agent.py's 0.6 is only its fallback when nothing is passed.
+        default=0.85,
+        ge=0.0,
+        le=2.0,
+        description="Sampling temperature (0.85: the lab's evaluation setting; "
+        "0.6 is the reference code's fallback).",
+    )
+    TOP_P: float = Field(
+        default=0.95,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling (reference: 0.95).",
+    )
+    PRESENCE_PENALTY: float = Field(
+        default=1.1,
+        ge=-2.0,
+        le=2.0,
+        description="Presence penalty (reference: 1.1).",
+    )
+    MAX_TOKENS: int = Field(
+        default=10000,
+        ge=256,
+        le=131072,
+        description="Most tokens the model may write per round (reference: 10000).",
+    )
+    MAX_TOOL_ROUNDS: int = Field(
+        default=100,
+        ge=1,
+        le=500,
+        description=(
+            "Most model rounds before the model is asked for its final answer "
+            "(reference: 100)."
+        ),
+    )
+    MAX_CONTEXT_TOKENS: int = Field(
+        default=110 * 1024,
+        ge=4096,
+        le=1_048_576,
+        description=(
+            "Context budget in tokens; when the conversation grows past it the "
+            "model must answer (reference: 112640 for a 128K model). Lower it when "
+            "your server serves a shorter context."
+        ),
+    )
+    MAX_RESEARCH_MINUTES: float = Field(
+        default=150.0,
+        gt=0.0,
+        le=1440.0,
+        description="Wall-clock limit of one research run (reference: 150).",
+    )
+    MAX_CALLS_PER_TURN: int = Field(
+        default=5,
+        ge=1,
+        le=20,
+        description="Most tool calls run from one model turn.",
+    )
+    REQUEST_TIMEOUT_SECONDS: float = Field(
+        default=600.0,
+        gt=0.0,
+        le=3600.0,
+        description=(
+            "Wall-clock limit of one model request, however the server trickles "
+            "(reference: 600)."
+        ),
+    )
+    MAX_RETRIES: int = Field(
+        default=5,
+        ge=1,
+        le=20,
+        description=(
+            "Attempts per model call on transient errors (connection, timeout, 429,"
+            " 5xx)."
+        ),
+    )
+    TOOL_TIMEOUT_SECONDS: float = Field(
+        default=900.0,
+        gt=0.0,
+        le=7200.0,
+        description="Longest a single tool call may take.",
+    )
+    SYSTEM_PROMPT_PREAMBLE: str = Field(
+        default="", description="Text placed before the model's own system prompt."
+    )
+    EMIT_THINKING: bool = Field(
+        default=True,
+        description="Show the model's thinking as collapsible reasoning blocks.",
+    )
+    SHOW_TOOL_CARDS: bool = Field(
+        default=True,
+        description="Show each tool call as a card with its arguments and result.",
+    )
+    SHOW_RESEARCH_SUMMARY: bool = Field(
+        default=True,
+        description=(
+            "Show the research summary (rounds, searches, pages, tokens, time) "
+            "under the answer."
+        ),
+    )
+    SHOW_COST_TRACKING: bool = Field(
+        default=True,
+        description=(
+            "Show tokens (and cost when the provider reports it) in the status line."
+        ),
+    )
+    HEAVY_ENABLED: bool = Field(
+        default=True,
+        description=(
+            "Offer the 'Tongyi DeepResearch Heavy' model: several research "
+            "rollouts at once, then one synthesis of their findings."
+        ),
+    )
+    HEAVY_ROLLOUTS: int = Field(
+        default=3,
+        ge=2,
+        le=8,
+        description="Research rollouts of one heavy run.",
+    )
+    HEAVY_CONCURRENT_ROLLOUTS: int = Field(
+        default=3,
+        ge=1,
+        le=8,
+        description=(
+            "Rollouts running at once (vLLM and SGLang batch them; lower it for "
+            "a server that runs one request at a time, such as llama.cpp "
+            "without --parallel)."
+        ),
+    )
+    CONTEXT_STRATEGY: Literal["consolidate", "wrap_up"] = Field(
+        default="consolidate",
+        description=(
+            "When the conversation fills the context: 'consolidate' writes the "
+            "research state (findings with their URLs, open points, dead ends) "
+            "and goes on from it, so research outlives a 32K context; "
+            "'wrap_up' asks for the answer at once (the reference behaviour)."
+        ),
+    )
+    MAX_CONSOLIDATIONS: int = Field(
+        default=30,
+        ge=1,
+        le=200,
+        description="Most consolidations of one research run (then the wrap-up).",
+    )
+    SUMMARY_BASE_URL: str = Field(
+        default="",
+        description=(
+            "OpenAI-compatible endpoint that writes the research state when the "
+            "run consolidates; empty: the research model's server."
+        ),
+    )
+    SUMMARY_API_KEY: str = Field(
+        default="",
+        description=(
+            "API key of SUMMARY_BASE_URL (the research model's key is used only "
+            "when the summary runs on the research model's server)."
+        ),
+    )
+    SUMMARY_MODEL: str = Field(
+        default="",
+        description="Model id of the summary model; empty: MODEL_ID.",
+    )
+    AUTO_INSTALL_TOOLS: bool = Field(
+        default=True,
+        description=(
+            "Install the search, scholar and visit tools into Open WebUI's tool "
+            "registry on startup."
+        ),
+    )
+
+    @field_validator("API_KEY", "SUMMARY_API_KEY")
+    @classmethod
+    def _encrypt_key(cls, value: str) -> str:
+        # Stored encrypted when WEBUI_SECRET_KEY is set; see adapters.secrets.
+        return secrets.encrypt(value.strip())
+
+    @field_validator("API_BASE_URL")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        value = _http_url(value)
+        if not value:
+            raise ValueError("is required (e.g. http://localhost:8000/v1)")
+        return value
+
+    @field_validator("SUMMARY_BASE_URL")
+    @classmethod
+    def _check_optional_url(cls, value: str) -> str:
+        return _http_url(value)
+
+
+def _with_tool_switches(settings: type[BaseValves]) -> type[BaseValves]:
+    """The settings plus one switch per tool, from the tool catalog."""
+    switches: dict[str, Any] = {
+        tool.valve: (bool, Field(default=True, description=tool.valve_description))
+        for tool in CATALOG
+    }
+    return create_model(
+        "Valves", __base__=settings, __doc__=settings.__doc__, **switches
+    )
+
+
+#: The valves: the settings above plus one switch per tool of the catalog.
+#: Annotate with `BaseValves` (a type checker cannot see the switches).
+Valves = _with_tool_switches(BaseValves)
+
+
+def model_settings(valves: BaseValves, api_key: str) -> ModelSettings:
+    """How to reach the research model, from the valves and the decrypted key."""
+    return ModelSettings(
+        base_url=valves.API_BASE_URL,
+        model=valves.MODEL_ID,
+        api_key=api_key,
+        temperature=valves.TEMPERATURE,
+        top_p=valves.TOP_P,
+        presence_penalty=valves.PRESENCE_PENALTY,
+        max_tokens=valves.MAX_TOKENS,
+        timeout_seconds=valves.REQUEST_TIMEOUT_SECONDS,
+        max_attempts=valves.MAX_RETRIES,
+    )
+
+
+#: The summary call samples as the lab's ReSum summary call does.
+SUMMARY_TEMPERATURE = 0.6
+
+
+def summary_settings(
+    valves: BaseValves, research: ModelSettings, summary_key: str
+) -> ModelSettings:
+    """How to reach the summary model: its own endpoint, or the research model's.
+
+    The research model's key and URL credentials go to the summary endpoint
+    only when it is the research model's server (`SharedEndpoint`).
+    """
+    values = {
+        "SUMMARY_BASE_URL": valves.SUMMARY_BASE_URL,
+        "SUMMARY_API_KEY": summary_key,
+        "SUMMARY_MODEL": valves.SUMMARY_MODEL,
+    }
+    SharedEndpoint(
+        url_valve="SUMMARY_BASE_URL",
+        key_valve="SUMMARY_API_KEY",
+        model_valve="SUMMARY_MODEL",
+        base_url=research.base_url,
+        api_key=research.api_key,
+        model=research.model,
+    ).fill(values, {})
+    return replace(
+        research,
+        base_url=values["SUMMARY_BASE_URL"],
+        api_key=values["SUMMARY_API_KEY"],
+        model=values["SUMMARY_MODEL"] or research.model,
+        temperature=SUMMARY_TEMPERATURE,
+    )
+
+
+def research_limits(valves: BaseValves, served_context_tokens: int) -> Limits:
+    """The budgets of one run: the valves, within the context the server serves.
+
+    Args:
+        valves: The front end's valves.
+        served_context_tokens: The context the model server reports (0:
+            unknown, then the valves alone hold).
+    """
+    return Limits(
+        max_rounds=valves.MAX_TOOL_ROUNDS,
+        max_context_tokens=valves.MAX_CONTEXT_TOKENS,
+        max_seconds=valves.MAX_RESEARCH_MINUTES * 60,
+        max_calls_per_turn=valves.MAX_CALLS_PER_TURN,
+        model_context_tokens=served_context_tokens,
+        max_output_tokens=valves.MAX_TOKENS,
+        at_limit=valves.CONTEXT_STRATEGY,
+        max_consolidations=valves.MAX_CONSOLIDATIONS,
+    )
+
+
+def extractor_endpoint(valves: BaseValves, api_key: str) -> SharedEndpoint:
+    """The research model's server, offered to the visit tool's extractor.
+
+    The key and URL credentials reach the extractor only when it is left to
+    the research model's server (see `SharedEndpoint`).
+    """
+    return SharedEndpoint(
+        url_valve="EXTRACTOR_BASE_URL",
+        key_valve="EXTRACTOR_API_KEY",
+        model_valve="EXTRACTOR_MODEL",
+        base_url=valves.API_BASE_URL,
+        api_key=api_key,
+        model=valves.MODEL_ID,
+    )
