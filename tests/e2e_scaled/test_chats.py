@@ -156,12 +156,27 @@ async def test_twenty_concurrent_chats_over_both_replicas_keep_their_own_answers
     )
 
     assert len({chat.chat_id for chat in chats}) == CONCURRENT_CHATS
-    for n, (key, chat) in enumerate(zip(keys, chats, strict=True)):
+    messages = []
+    for n, chat in enumerate(chats):
         reader = cluster.other(placement(n)[0])
         stored = await asyncio.to_thread(reader.api.get_chat, chat.chat_id)
-        message = stored["chat"]["history"]["messages"][chat.message_id]
-        assert chat.finished and message["done"] is True, key
-        assert f"The answer for {key} is {key.upper()}." in message["content"], key
+        messages.append(stored["chat"]["history"]["messages"][chat.message_id])
+    # Which first turns reached the model, per chat (when one chat's never
+    # does, the other nineteen wait for it until the hold's bound).
+    reached = {model.key_of(body) for body in model.bodies()}
+    report = "\n".join(
+        f"{key} on {placement(n)[0].name} (session on {placement(n)[1].name}): "
+        f"reached the model {key in reached}, finished {chat.finished}, "
+        f"{len(chat.events)} events, content {str(message.get('content'))[:300]!r}"
+        for n, (key, chat, message) in enumerate(
+            zip(keys, chats, messages, strict=True)
+        )
+    )
+    for key, chat, message in zip(keys, chats, messages, strict=True):
+        assert chat.finished and message["done"] is True, f"{key}\n{report}"
+        assert f"The answer for {key} is {key.upper()}." in message["content"], (
+            f"{key}\n{report}"
+        )
         assert f"Thinking only about {key}." in " ".join(
             _output_texts(message, "reasoning")
         ), key
