@@ -63,6 +63,18 @@ class Response:
 Route = Callable[[Request], Response]
 
 
+class _BackloggedServer(ThreadingHTTPServer):
+    """A threaded server that queues as many connections as a real one.
+
+    The standard library's listen backlog is 5: twenty chats connecting at
+    once to a fake model server on a busy machine overflow it, and a dropped
+    connection attempt is retried by the kernel after 1, 2, 4, 8 s ... up to
+    the client's connect timeout. Real servers queue far more (uvicorn 2048).
+    """
+
+    request_queue_size = 128
+
+
 class LocalServer:
     """A threaded HTTP/1.0 server on 127.0.0.1 with routes by path prefix."""
 
@@ -124,7 +136,7 @@ class LocalServer:
             do_POST = _handle
             do_HEAD = _handle
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _BackloggedServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         # A short poll interval lets `stop()` return quickly.
         self._thread = threading.Thread(
