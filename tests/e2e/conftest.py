@@ -12,7 +12,6 @@ CI (``CI`` set), where that is a failure.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from .owui import (
     venv_problem,
     web_search_env,
 )
+from .shared import fake_model_valves, unavailable
 
 ADMIN_NAME = "E2E Admin"
 ADMIN_EMAIL = "admin@example.com"
@@ -42,13 +42,6 @@ ADMIN_PASSWORD = "e2e-Passw0rd!"  # a throwaway account of a temporary server
 
 SERVER_KEY = pytest.StashKey[OpenWebUIServer]()
 TIMINGS_KEY = pytest.StashKey[dict[str, float]]()
-
-
-def unavailable(reason: str) -> None:
-    """Skip (or, under CI, fail) because something the suite needs is missing."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} — CI must run the end-to-end tests", pytrace=False)
-    pytest.skip(reason)
 
 
 @dataclass
@@ -76,15 +69,9 @@ class OwuiSession:
 
 def pipe_valves(fake_model: FakeOpenAI) -> dict[str, Any]:
     """Valves pointing the pipe at the fake model server, with short limits."""
-    return {
-        "API_BASE_URL": fake_model.base_url,
-        "API_KEY": "sk-e2e-test-key",
-        "MODEL_ID": fake_model.model,
-        "MAX_RETRIES": 1,
-        "REQUEST_TIMEOUT_SECONDS": 60,
-        "TOOL_TIMEOUT_SECONDS": 90,
-        "MAX_TOOL_ROUNDS": 8,
-    }
+    return fake_model_valves(
+        fake_model, api_key="sk-e2e-test-key", request_timeout=60, tool_timeout=90
+    )
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,6 @@ where that is a failure.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +33,8 @@ from tests.e2e.owui import (
     venv_problem,
     web_search_env,
 )
+from tests.e2e.shared import fake_model_valves
+from tests.e2e.shared import unavailable as unavailable_for
 from tests.fakes.client_watch import ClientWatch
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.pages import PageSite
@@ -69,24 +70,18 @@ TIMINGS_KEY = pytest.StashKey[dict[str, float]]()
 
 def unavailable(reason: str) -> NoReturn:
     """Skip (or, under CI, fail) because something the profile needs is missing."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} — CI must run the scaled profile", pytrace=False)
-    pytest.skip(reason)
+    unavailable_for(reason, "the scaled profile")
 
 
 def pipe_valves(fake_model: FakeOpenAI) -> dict[str, Any]:
-    """Valves pointing the pipe at the fake model server, with short limits."""
-    return {
-        "API_BASE_URL": fake_model.base_url,
-        "API_KEY": "sk-scaled-test-key",
-        "MODEL_ID": fake_model.model,
-        "MAX_RETRIES": 1,
-        # Longer than any gate of a test holds a reply: a gate that is never
-        # opened fails the test as such, not as a model timeout.
-        "REQUEST_TIMEOUT_SECONDS": 300,
-        "TOOL_TIMEOUT_SECONDS": 300,
-        "MAX_TOOL_ROUNDS": 8,
-    }
+    """Valves pointing the pipe at the fake model server.
+
+    The timeouts are longer than any gate of a test holds a reply: a gate
+    that is never opened fails the test as such, not as a model timeout.
+    """
+    return fake_model_valves(
+        fake_model, api_key="sk-scaled-test-key", request_timeout=300, tool_timeout=300
+    )
 
 
 @pytest.fixture(scope="session")
