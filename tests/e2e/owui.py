@@ -241,14 +241,7 @@ class OpenWebUIServer:
         process = self.process
         if process is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        stop_process_group(process, grace)
         # Children that outlived the leader (none expected) go too.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
@@ -264,6 +257,18 @@ class OpenWebUIServer:
         if self.log_path.exists():
             shutil.copyfile(self.log_path, target)
         return target
+
+
+def stop_process_group(process: subprocess.Popen[bytes], grace: float = 20.0) -> None:
+    """SIGTERM the process group, SIGKILL after ``grace``; reap the leader."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
 
 
 def log_tail(path: Path, lines: int = 60) -> str:
@@ -501,6 +506,77 @@ class UiChat:
         ]
 
 
+def ui_chat_request(
+    question: str,
+    *,
+    model: str,
+    session_id: str,
+    message_id: str,
+    background_tasks: tuple[str, ...],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The user message and the ``/api/chat/completions`` body the web UI sends.
+
+    The answer streams to the socket session ``session_id`` and is saved as
+    message ``message_id``; ``background_tasks`` are the ones switched on.
+    """
+    user_message = {
+        "id": str(uuid.uuid4()),
+        "parentId": None,
+        "childrenIds": [],
+        "role": "user",
+        "content": question,
+        "timestamp": int(time.time()),
+    }
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": question}],
+        "stream": True,
+        "session_id": session_id,
+        "parent_id": None,
+        "id": message_id,
+        "user_message": user_message,
+        "background_tasks": dict.fromkeys(background_tasks, True),
+    }
+    return user_message, body
+
+
+async def post_ui_chat(
+    base_url: str, token: str, body: dict[str, Any], timeout: float, label: str
+) -> dict[str, Any]:
+    """POST a UI chat request; the server's answer (it runs in the background)."""
+    async with httpx.AsyncClient(
+        base_url=base_url,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=timeout,
+    ) as client:
+        response = await client.post("/api/chat/completions", json=body)
+    if response.status_code != 200:
+        raise ApiError(f"{label}: HTTP {response.status_code}: {response.text}")
+    answer = response.json()
+    if not answer.get("status"):
+        raise ApiError(f"{label}: not run in the background: {answer}")
+    return answer
+
+
+def item_text(item: Mapping[str, Any]) -> str:
+    """The text of one item of a message's ``output`` (all its parts)."""
+    return "".join(
+        str(part.get("text", ""))
+        for part in item.get("content") or []
+        if isinstance(part, dict)
+    )
+
+
+def output_texts(message: Mapping[str, Any], kind: str) -> list[str]:
+    """The text of each part of the saved message's ``output`` items of ``kind``."""
+    return [
+        part.get("text", "")
+        for item in message.get("output") or []
+        if item.get("type") == kind
+        for part in item.get("content") or []
+    ]
+
+
 async def ui_chat(
     api: Api,
     question: str,
@@ -545,28 +621,17 @@ async def ui_chat(
         await sio.call(
             "user-join", {"auth": {"token": api.token}}, timeout=int(timeout)
         )
-        user_message = {
-            "id": str(uuid.uuid4()),
-            "parentId": None,
-            "childrenIds": [],
-            "role": "user",
-            "content": question,
-            "timestamp": int(time.time()),
-        }
-        body = {
-            "model": model,
-            "messages": [{"role": "user", "content": question}],
-            "stream": True,
-            "session_id": sio.get_sid(),
-            "parent_id": None,
-            "id": message_id,
-            "user_message": user_message,
-            "background_tasks": {
-                "title_generation": True,
-                "tags_generation": True,
-                "follow_up_generation": True,
-            },
-        }
+        user_message, body = ui_chat_request(
+            question,
+            model=model,
+            session_id=str(sio.get_sid()),
+            message_id=message_id,
+            background_tasks=(
+                "title_generation",
+                "tags_generation",
+                "follow_up_generation",
+            ),
+        )
         chat_id = None
         if not server_creates_chats():
             # 0.6 / 0.8: the browser saves the new chat first, then runs the
@@ -579,17 +644,7 @@ async def ui_chat(
                 "parent_id": user_message["id"],
                 "parent_message": user_message,  # 0.6 reads its files
             }
-        async with httpx.AsyncClient(
-            base_url=api.base_url,
-            headers={"Authorization": f"Bearer {api.token}"},
-            timeout=timeout,
-        ) as client:
-            response = await client.post("/api/chat/completions", json=body)
-        if response.status_code != 200:
-            raise ApiError(f"UI chat: HTTP {response.status_code}: {response.text}")
-        answer = response.json()
-        if not answer.get("status"):
-            raise ApiError(f"UI chat: not run in the background: {answer}")
+        answer = await post_ui_chat(api.base_url, api.token, body, timeout, "UI chat")
         chat_id = chat_id or answer["chat_id"]
         await asyncio.wait_for(finished.wait(), timeout)
         chat = await _saved_chat(api, chat_id, message_id, timeout=20)

@@ -12,6 +12,7 @@ from tests.fakes.searxng import FakeSearXNG, result
 from .conftest import OwuiSession
 from .owui import (
     ScriptedModel,
+    output_texts,
     search_block,
     server_saves_answers_whole,
     server_streams_deltas,
@@ -26,15 +27,6 @@ QUESTION = "Why do wind turbines have three blades?"
 REASONING_BLOCK = re.compile(
     r'<details type="reasoning"[^>]*>(.*?)</details>', re.DOTALL
 )
-
-
-def _output_texts(message: dict, kind: str) -> list[str]:
-    return [
-        part.get("text", "")
-        for item in message.get("output") or []
-        if item.get("type") == kind
-        for part in item.get("content") or []
-    ]
 
 
 async def test_ui_chat_is_saved_with_reasoning_tool_card_and_answer(
@@ -70,7 +62,7 @@ async def test_ui_chat_is_saved_with_reasoning_tool_card_and_answer(
     # Reasoning became collapsible reasoning items, not message text
     # (0.6: `<details type="reasoning">` blocks, the form its UI renders).
     if server_saves_answers_whole():
-        reasoning = _output_texts(message, "reasoning")
+        reasoning = output_texts(message, "reasoning")
     else:
         reasoning = REASONING_BLOCK.findall(message["content"])
         assert len(reasoning) == 2

@@ -24,10 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import socketio
 
-from tests.e2e.owui import FUNCTION_ID, PIPE_MODEL_ID, Api, ApiError, OpenWebUIServer
+from tests.e2e.owui import (
+    FUNCTION_ID,
+    PIPE_MODEL_ID,
+    Api,
+    ApiError,
+    OpenWebUIServer,
+    item_text,
+    post_ui_chat,
+    ui_chat_request,
+)
 
 from .services import PostgresServer, RedisServer
 
@@ -224,7 +232,7 @@ class SocketWatch:
             ):
                 for item in data["output"]:
                     if isinstance(item, dict) and "id" in item:
-                        texts[str(item["id"])] = _item_text(item)
+                        texts[str(item["id"])] = item_text(item)
             elif payload.get("type") == "response:completion" and isinstance(
                 data.get("delta"), str
             ):
@@ -261,15 +269,6 @@ class SocketWatch:
         )
 
 
-def _item_text(item: dict[str, Any]) -> str:
-    """The text of one output item of a ``chat:completion`` snapshot."""
-    return "".join(
-        str(part.get("text", ""))
-        for part in item.get("content") or []
-        if isinstance(part, dict)
-    )
-
-
 async def start_chat(
     replica: Replica,
     token: str,
@@ -284,35 +283,17 @@ async def start_chat(
     replica).
     """
     message_id = str(uuid.uuid4())
-    user_message = {
-        "id": str(uuid.uuid4()),
-        "parentId": None,
-        "childrenIds": [],
-        "role": "user",
-        "content": question,
-        "timestamp": int(time.time()),
-    }
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": question}],
-        "stream": True,
-        "session_id": session_id,
-        "parent_id": None,
-        "id": message_id,
-        "user_message": user_message,
-        "background_tasks": {"title_generation": True, "tags_generation": True},
-    }
-    async with httpx.AsyncClient(
-        base_url=replica.base_url,
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=120,
-    ) as client:
-        response = await client.post("/api/chat/completions", json=body)
-    if response.status_code != 200:
-        raise ApiError(f"chat on {replica.name}: HTTP {response.status_code}")
-    answer = response.json()
-    if not answer.get("status") or not answer.get("chat_id"):
-        raise ApiError(f"chat on {replica.name}: not run in the background: {answer}")
+    _, body = ui_chat_request(
+        question,
+        model=model,
+        session_id=session_id,
+        message_id=message_id,
+        background_tasks=("title_generation", "tags_generation"),
+    )
+    label = f"chat on {replica.name}"
+    answer = await post_ui_chat(replica.base_url, token, body, 120, label)
+    if not answer.get("chat_id"):
+        raise ApiError(f"{label}: not run in the background: {answer}")
     return str(answer["chat_id"]), message_id
 
 

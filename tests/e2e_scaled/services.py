@@ -11,12 +11,10 @@ the ``postgres`` user the Debian package creates; otherwise as the current user.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -25,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.owui import free_port, log_tail
+from tests.e2e.owui import free_port, log_tail, stop_process_group
 
 PG_DATABASE = "openwebui"
 PG_USER = "openwebui"
@@ -77,17 +75,10 @@ def find_redis_server() -> str | None:
 
 
 def _stop_group(process: subprocess.Popen[bytes] | None, grace: float = 20.0) -> None:
-    """SIGTERM the process group, SIGKILL after ``grace``; reap the leader."""
+    """Stop a started service's process group (nothing when it already ended)."""
     if process is None or process.poll() is not None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
+    stop_process_group(process, grace)
 
 
 def _wait_until(ready: Any, alive: Any, what: str, log: Path, timeout: float) -> None:

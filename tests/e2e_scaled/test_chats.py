@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.e2e.owui import ScriptedModel, UiChat, ui_chat
+from tests.e2e.owui import ScriptedModel, UiChat, output_texts, ui_chat
 from tests.fakes.openai_server import Reply, StreamGate, answer, tool_call
 from tests.fakes.pages import PageSite
 
@@ -16,15 +16,6 @@ from .cluster import Cluster, Replica, SocketWatch
 pytestmark = pytest.mark.scaled
 
 CONCURRENT_CHATS = 20
-
-
-def _output_texts(message: dict, kind: str) -> list[str]:
-    return [
-        part.get("text", "")
-        for item in message.get("output") or []
-        if item.get("type") == kind
-        for part in item.get("content") or []
-    ]
 
 
 def _statuses(watch: SocketWatch, chat_id: str) -> list[str]:
@@ -111,7 +102,7 @@ async def test_a_chat_on_one_replica_streams_to_the_other_and_is_stored_whole(
     content = message["content"]
     assert f"First half of the {key} answer; second half" in content
     assert '<details type="tool_calls"' in content and 'name="visit"' in content
-    reasoning = " ".join(_output_texts(message, "reasoning"))
+    reasoning = " ".join(output_texts(message, "reasoning"))
     assert f"I should read the page about {key}." in reasoning
     assert "The page answers it." in reasoning
     assert [s["metadata"][0]["source"] for s in message["sources"]] == [page]
@@ -178,7 +169,7 @@ async def test_twenty_concurrent_chats_over_both_replicas_keep_their_own_answers
             f"{key}\n{report}"
         )
         assert f"Thinking only about {key}." in " ".join(
-            _output_texts(message, "reasoning")
+            output_texts(message, "reasoning")
         ), key
         others = [k for k in keys if k != key]
         seen = json.dumps(message) + json.dumps(
