@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from tests.fakes.openai_server import FakeOpenAI
-from tests.fakes.pages import PageSite
 from tests.fakes.searxng import FakeSearXNG
 
 from .owui import (
@@ -82,27 +81,6 @@ def owui_venv_path() -> Path:
     if problem:
         unavailable(problem)
     return venv
-
-
-@pytest.fixture(scope="session")
-def fake_model() -> Iterator[FakeOpenAI]:
-    """The OpenAI-compatible fake model server (one for the session)."""
-    with FakeOpenAI() as fake:
-        yield fake
-
-
-@pytest.fixture(scope="session")
-def fake_search() -> Iterator[FakeSearXNG]:
-    """A fake SearXNG that Open WebUI's web search is pointed at."""
-    with FakeSearXNG() as searxng:
-        yield searxng
-
-
-@pytest.fixture(scope="session")
-def page_site() -> Iterator[PageSite]:
-    """Local web pages (HTML and PDF) for the visit tool."""
-    with PageSite() as site:
-        yield site
 
 
 def _set_up_tools(api: Api, session: OwuiSession) -> None:

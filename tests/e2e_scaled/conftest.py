@@ -37,7 +37,6 @@ from tests.e2e.shared import fake_model_valves
 from tests.e2e.shared import unavailable as unavailable_for
 from tests.fakes.client_watch import ClientWatch
 from tests.fakes.openai_server import FakeOpenAI
-from tests.fakes.pages import PageSite
 from tests.fakes.searxng import FakeSearXNG
 from tongyi_deepresearch_openwebui_pipeline import __version__
 
@@ -148,30 +147,9 @@ def redis(scaled_venv: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="session")
-def fake_model() -> Iterator[FakeOpenAI]:
-    """The OpenAI-compatible fake model server (one for the session)."""
-    with FakeOpenAI() as fake:
-        yield fake
-
-
-@pytest.fixture(scope="session")
 def model_watch(fake_model: FakeOpenAI) -> ClientWatch:
     """Lets the fake model server's routes see their client leave."""
     return ClientWatch(fake_model.server)
-
-
-@pytest.fixture(scope="session")
-def fake_search() -> Iterator[FakeSearXNG]:
-    """A fake SearXNG that Open WebUI's web search is pointed at."""
-    with FakeSearXNG() as searxng:
-        yield searxng
-
-
-@pytest.fixture(scope="session")
-def page_site() -> Iterator[PageSite]:
-    """Local web pages for the visit tool."""
-    with PageSite() as site:
-        yield site
 
 
 def _shared_env(
