@@ -113,7 +113,20 @@ class BaseValves(BaseModel):
         default=150.0,
         gt=0.0,
         le=1440.0,
-        description="Wall-clock limit of one research run (reference: 150).",
+        description=(
+            "Wall-clock limit of one research run (reference: 150); the final "
+            "answer may then take up to WRAP_UP_SECONDS more."
+        ),
+    )
+    WRAP_UP_SECONDS: float = Field(
+        default=120.0,
+        ge=0.0,
+        le=3600.0,
+        description=(
+            "Grace past MAX_RESEARCH_MINUTES for the final answer: the model is "
+            "asked for it at the limit and may write it for this long (0: the run "
+            "ends at the limit with what was written)."
+        ),
     )
     MAX_CALLS_PER_TURN: int = Field(
         default=5,
@@ -330,6 +343,7 @@ def research_limits(valves: BaseValves, served_context_tokens: int) -> Limits:
         max_rounds=valves.MAX_TOOL_ROUNDS,
         max_context_tokens=valves.MAX_CONTEXT_TOKENS,
         max_seconds=valves.MAX_RESEARCH_MINUTES * 60,
+        wrap_up_seconds=valves.WRAP_UP_SECONDS,
         max_calls_per_turn=valves.MAX_CALLS_PER_TURN,
         model_context_tokens=served_context_tokens,
         max_output_tokens=valves.MAX_TOKENS,
