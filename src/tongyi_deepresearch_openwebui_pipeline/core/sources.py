@@ -12,7 +12,9 @@ first read); the final answer's links and bare URLs are matched against them:
   are the text of a link that gets cited (too long, non-http and reference
   links are escaped too);
 - after a citation it inserts, a following ``(`` or ``[`` is escaped, so the
-  rewriter never creates link syntax itself.
+  rewriter never creates link syntax itself;
+- ``[`` and ``]`` in a URL are percent-encoded (but around an IPv6 host) and
+  numbers in a link's title escaped, so no ``[7]`` hides there either.
 
 Matching normalises URLs (scheme and host case, ``www.``, default ports,
 trailing slashes, fragments, tracking parameters) and knows the redirects the
@@ -231,6 +233,24 @@ ZERO_WIDTH_SPACE = "\u200b"
 _REASONING_MARK = str.maketrans({"◁": "◁" + ZERO_WIDTH_SPACE})
 
 
+#: "[" and "]" in a URL the rewriter passes on. RFC 3986 allows them only
+#: around an IPv6 host; anywhere else a "(…)" group lets the model put its own
+#: "[7]" inside a URL ("https://x.org/y([7])"), where it would stay live text.
+_URL_BRACKETS = str.maketrans({"[": "%5B", "]": "%5D"})
+#: A URL's IPv6 host ("http://[::1]/", "<https://user@[2001:db8::1]:8080/"):
+#: its brackets are kept. The ":" it needs means it is never a number.
+_IPV6_HOST = re.compile(
+    r"<?https?://(?:[^/?#@\[\]\s]*@)?\[[\w.%~-]*:[\w:.%~-]*\]", re.IGNORECASE
+)
+
+
+def _encode_brackets(url: str) -> str:
+    """``url`` with "[" and "]" percent-encoded, but around an IPv6 host."""
+    host = _IPV6_HOST.match(url)
+    kept = host.end() if host else 0
+    return url[:kept] + url[kept:].translate(_URL_BRACKETS)
+
+
 def _cite(source: Source | None) -> str:
     return f" [{source.number}]" if source else f" {UNVERIFIED_MARK}"
 
@@ -298,20 +318,23 @@ def _rewrite_complete(text: str, ledger: SourceLedger) -> tuple[str, bool]:
 
 
 def _rewrite_link(match: re.Match[str], ledger: SourceLedger, out: _Output) -> None:
-    link = match.group(0)
-    url = match.group(3).strip("<>")
-    if not match.group(1):
-        out.add(link)
-        out.add(_cite(ledger.match(url)), citation=True)
-        return
-    if ledger.match(url) is not None:
-        out.add(link)  # an image the agent itself read
+    image, text, target, title = match.group(1, 2, 3, 4)
+    source = ledger.match(target.strip("<>"))  # matched as written
+    target = _encode_brackets(target)
+    if not image or source is not None:
+        # A link, or an image the agent itself read: its title stays inside
+        # it, where Markdown shows an escaped "\[7\]" as "[7]".
+        out.add(f"{image}[{text}]({target}{_escape_numbers(title or '')})")
+        if not image:
+            out.add(_cite(source), citation=True)
         return
     # Any other remote image would be fetched by the browser as the chat
     # renders: a page can ask the model to put data in its URL. It is shown
-    # as text (the URL stays visible and clickable), never loaded.
-    inner = link[1:].replace("[", "\\[", 1).replace("](", "\\](", 1)
-    out.add("!" + inner)
+    # as text (the URL stays visible and clickable), never loaded; its title
+    # is then text too, rewritten as such (an image in it stays no image).
+    out.add(f"!\\[{text}\\]({target}")
+    _rewrite_plain(title or "", ledger, out)
+    out.add(")")
     out.add(f" {UNVERIFIED_MARK}", citation=True)
 
 
@@ -322,6 +345,11 @@ def _rewrite_link(match: re.Match[str], ledger: SourceLedger, out: _Output) -> N
 _MODEL_NUMBER = re.compile(r"(?<!\\)((?:\\\\)*)\[(\d{1,3}(?:\s*[,\-–]\s*\d{1,3})*)\]")
 
 
+def _escape_numbers(text: str) -> str:
+    """``text`` with every "[n]" the model wrote (and did not escape) escaped."""
+    return _MODEL_NUMBER.sub(r"\1\\[\2\\]", text)
+
+
 def _escape_plain(text: str, before: str) -> str:
     """Escape the model's own "[n]" and stray "![" in text between URLs.
 
@@ -330,8 +358,7 @@ def _escape_plain(text: str, before: str) -> str:
     would. Every "[n]" here is the model's own: links that get a citation
     never reach this text.
     """
-    text = before + text
-    text = _MODEL_NUMBER.sub(r"\1\\[\2\\]", text)
+    text = _escape_numbers(before + text)
     # "![" that is not a complete image link (reference images and the like).
     text = _IMAGE_BRACKET.sub(r"\\[", text)
     return text[len(before) :]
@@ -379,17 +406,17 @@ def _rewrite_plain(text: str, ledger: SourceLedger, out: _Output) -> None:
 
 def _cite_bare(url: str, ledger: SourceLedger, out: _Output) -> None:
     if len(url) > MAX_URL_CHARS:
-        out.add(url)
+        out.add(_encode_brackets(url))  # too long to cite: passed on
         return
     if url.startswith("<"):  # an autolink: <https://…>
-        out.add(url)
+        out.add(_encode_brackets(url))
         out.add(_cite(ledger.match(url[1:-1])), citation=True)
         return
     trailing = ""
     while url and url[-1] in _URL_TRAILING:
         trailing = url[-1] + trailing
         url = url[:-1]
-    out.add(url)
+    out.add(_encode_brackets(url))
     out.add(_cite(ledger.match(url)), citation=True)
     out.add(trailing)
 
@@ -478,7 +505,8 @@ class CitationRewriter:
         if ready:
             self._after_citation = False  # a URL too long to cite gets none
             self._before = _context_after(ready, self._before)
-        return ready.translate(_REASONING_MARK)
+        # The continuation never holds the URL's host: all its brackets go.
+        return ready.translate(_URL_BRACKETS).translate(_REASONING_MARK)
 
     def _release(self, cut: int) -> str:
         ready, self._pending = self._pending[:cut], self._pending[cut:]
