@@ -28,6 +28,7 @@ request's Authorization header: requests and messages use the URL without its
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import logging
 import math
@@ -35,9 +36,9 @@ import random
 import re
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -149,16 +150,22 @@ _OVERFLOW = re.compile(
     r"too many tokens|prompt is too long|input is too long|exceed_context",
     re.IGNORECASE,
 )
+# Both run on at most _MAX_ERROR_BODY characters, in linear time.
 _OVERFLOW_LIMIT = re.compile(
-    r"(?:maximum context length is|context length \(|\bn_ctx\W{1,3})\s*(\d{3,8})",
+    r"(?:maximum context length is|context length \(|\bn_ctx\W{1,3})\s*(\d{3,8})(?!\d)",
     re.IGNORECASE,
 )
 
 
 def _overflow_limit(text: str) -> int:
-    """The context size a too-long-request error names (0 when it names none)."""
+    """The context size a too-long-request error names (0 when it names none).
+
+    A number that is no plausible context (see `_plausible_context`) names
+    none: the loop would cap the conversation at it.
+    """
     match = _OVERFLOW_LIMIT.search(text[:_MAX_ERROR_BODY])
-    return int(match.group(1)) if match else 0
+    limit = int(match.group(1)) if match else 0
+    return limit if _plausible_context(limit) else 0
 
 
 class _Refused(Exception):  # noqa: N818 - internal signal, not an API error
@@ -252,6 +259,16 @@ async def shared_ssl_context() -> ssl.SSLContext:
 
 
 _CONTEXT_FIELDS = ("max_model_len", "context_length", "context_window", "n_ctx")
+# The served contexts believed. Under 256 tokens not even the system prompt
+# fits, so no deployment of this agent serves less; over 16 Mi tokens is past
+# any model served today (the longest hold 10M). Anything else a server says
+# (a boolean, which Python counts as an int, a fraction, "32k", NaN, 10**30)
+# is no context: the probe reports "unknown" and the valves' budget holds.
+_MIN_CONTEXT_TOKENS = 256
+_MAX_CONTEXT_TOKENS = 16 * 1024 * 1024
+_CONTEXT_RANGE = (
+    f"a whole number of tokens from {_MIN_CONTEXT_TOKENS:,} to {_MAX_CONTEXT_TOKENS:,}"
+)
 # (base URL, model) -> (monotonic expiry, tokens): a hosted provider's model
 # list can be megabytes, and it rarely changes, so it is read at most every
 # 10 min.
@@ -276,9 +293,13 @@ async def served_context_tokens(
       never used.
 
     The native endpoints live at the server root (``base_url`` without
-    ``/v1``). Each reply is capped and timed; any failure means "unknown",
-    never an error. Known sizes are cached 10 minutes, unknown ones 1 minute
-    (Ollama reports a model's context only once it is loaded).
+    ``/v1``). Each reply is timed, asked for unencoded, capped (8 MiB for the
+    model list, 1 MiB for the others) and decoded a bounded piece at a time
+    (`_JsonPieces`); a context is believed only as a JSON integer (a decimal
+    number in Ollama's parameters text) within the plausible range. Any
+    failure means "unknown", never an error; an odd reply or value is logged.
+    Known sizes are cached 10 minutes, unknown ones 1 minute (Ollama reports a
+    model's context only once it is loaded).
     """
     key = (settings.base_url, settings.model)
     cached = _CONTEXT_CACHE.get(key)
@@ -295,8 +316,27 @@ async def served_context_tokens(
 
 
 _UNKNOWN_CACHE_SECONDS = 60.0
-#: Largest context-info reply read (a hosted provider's model list is ~2 MB).
-_MAX_INFO_BYTES = 8 * 1024 * 1024
+#: Largest model list read: a hosted provider's is ~2 MB.
+_MAX_MODEL_LIST_BYTES = 8 * 1024 * 1024
+#: Largest reply of a native endpoint read: llama.cpp's /props and Ollama's
+#: /api/ps are a few kB, /api/show (its tensor list included) under 200 kB.
+_MAX_NATIVE_REPLY_BYTES = 1024 * 1024
+#: Longest piece of a reply (a member, or an element of a top-level array)
+#: decoded in one step. Real pieces are under 40 kB (a model list entry, a
+#: licence, a chat template); decoding this much, however dense, takes about
+#: 10 ms at worst.
+_PIECE_CHARS = 64 * 1024
+#: Most pieces read from a reply: each costs a few microseconds of Python, and
+#: real replies hold a few thousand at most (a model list's entries, the
+#: tensors /api/show lists), where 8 MB of "0," would hold four million.
+_MAX_PIECES = 50_000
+#: Pieces read between two turns given to the event loop.
+_PIECES_PER_TURN = 1000
+#: Longest Modelfile parameters text read: Ollama writes a line per setting,
+#: a few hundred characters in all.
+_MAX_PARAMETERS_CHARS = 16 * 1024
+#: Longest server value quoted in a log line.
+_SHOWN_CHARS = 40
 
 
 def _server_root(settings: ModelSettings) -> str:
@@ -304,14 +344,59 @@ def _server_root(settings: ModelSettings) -> str:
     return base[: -len("/v1")] if base.endswith("/v1") else base
 
 
-async def _json_from(
+def _unknown(settings: ModelSettings, why: str, level: int = logging.INFO) -> None:
+    """Log why the served context counts as unknown (the valves' budget holds)."""
+    log.log(
+        level, "%s; the served context counts as unknown.", settings.redactor()(why)
+    )
+
+
+def _shown(value: Any) -> str:
+    """A value a server sent, as JSON cut short for a log line."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        value = value[: _SHOWN_CHARS + 1]
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
+
+
+def _plausible_context(value: Any) -> bool:
+    """Whether ``value`` is a context a server can serve (an int, not a bool)."""
+    return type(value) is int and _MIN_CONTEXT_TOKENS <= value <= _MAX_CONTEXT_TOKENS
+
+
+def _context_value(value: Any, settings: ModelSettings, where: str, name: str) -> int:
+    """``value`` as a served context; 0 when absent or implausible (logged)."""
+    if value is None:
+        return 0
+    if _plausible_context(value):
+        return value
+    _ignored(settings, where, name, _shown(value))
+    return 0
+
+
+def _ignored(settings: ModelSettings, where: str, name: str, shown: str) -> None:
+    said = settings.redactor().server_text(shown, _SHOWN_CHARS + 1)
+    why = (
+        f"The model server at {where} reported {name} = {said}, which is no "
+        f"context size ({_CONTEXT_RANGE})"
+    )
+    _unknown(settings, why, logging.WARNING)
+
+
+async def _probe(
     http: httpx.AsyncClient,
     settings: ModelSettings,
     method: str,
     url: str,
+    *,
+    cap: int,
     body: Any = None,
-) -> Any:
-    """A small JSON reply from the model server, or None (bounded; never raises)."""
+) -> str | None:
+    """A probe's reply as text, or None (timed, capped; never raises)."""
     try:
         with secrets.guard_http_logs(settings.redactor()):
             async with asyncio.timeout(5.0):
@@ -319,76 +404,347 @@ async def _json_from(
                     method,
                     url,
                     json=body,
-                    headers=settings.auth_headers(),
+                    # A compressed reply inflates a thousandfold or more within
+                    # one read, before any cap could be checked.
+                    headers={**settings.auth_headers(), "Accept-Encoding": "identity"},
                     timeout=httpx.Timeout(5.0),
                 )
                 response = await http.send(request, stream=True)
                 try:
                     if response.status_code != 200:
                         return None
-                    raw = b""
-                    async for part in response.aiter_bytes():
-                        raw += part
-                        if len(raw) > _MAX_INFO_BYTES:
-                            return None
+                    return await _reply_text(response, settings, url, cap)
                 finally:
                     await response.aclose()
-        if len(raw) > 200_000:  # a big model list: parse off the event loop
-            return await asyncio.to_thread(json.loads, raw)
-        return json.loads(raw)
-    except (httpx.HTTPError, ValueError, RecursionError, TimeoutError):
+    except (httpx.HTTPError, TimeoutError):
+        return None
+    except ValueError:  # UnicodeDecodeError
+        _unknown(settings, f"The model server's reply to {url} is not UTF-8 text")
         return None
 
 
-def _positive_int(value: Any) -> int:
-    return value if isinstance(value, int) and value > 0 else 0
+async def _reply_text(
+    response: httpx.Response, settings: ModelSettings, url: str, cap: int
+) -> str | None:
+    """The reply's text, read raw up to ``cap`` bytes (None past it, or encoded).
+
+    Each network read is decoded as it arrives, so no step works on more than
+    one read.
+    """
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        said = settings.redactor().server_text(encoding, _SHOWN_CHARS)
+        why = f"The model server at {url} sent a reply encoded as {said!r}"
+        _unknown(settings, f"{why} though asked for a plain one")
+        return None
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()  # as json.loads(bytes)
+    texts: list[str] = []
+    size = 0
+    async for part in response.aiter_raw():
+        size += len(part)
+        if size > cap:
+            _unknown(
+                settings, f"The model server's reply to {url} is over {cap:,} bytes"
+            )
+            return None
+        texts.append(decoder.decode(part))
+    texts.append(decoder.decode(b"", final=True))
+    return "".join(texts)
+
+
+class _Unreadable(Exception):  # noqa: N818 - internal signal, not an API error
+    """A reply that is not a JSON object, or that the reader's caps refuse."""
+
+
+class _Piece(NamedTuple):
+    """A member of a JSON object, or one element of a member that is an array."""
+
+    key: str
+    value: Any
+    element: bool = False
+
+
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+# Characters that may continue a number: a number that a window cuts short
+# ("12" of "1234", "1.5" of "1.5e3") is read again from a fresh window.
+_NUMBER_TAIL = frozenset("0123456789.eE+-")
+
+
+class _JsonPieces:
+    """A JSON object read one piece at a time, no piece longer than a window.
+
+    ``json.loads`` of a whole reply holds the event loop (and, in a worker
+    thread, the GIL) for as long as the reply is dense: 8 MB of ``[],`` take
+    seconds. Here each piece (a key, a member's value, or each element of a
+    member that is an array) is decoded by the standard library's decoder
+    from a window of at most ``window`` characters copied from the text. A
+    piece the window cuts is read again from a window that starts with it, so
+    every character is copied about twice at most (`copied` counts them) and
+    no step decodes more than one window; `windows` counts the windows read
+    and `read` the pieces, for the caller to give the event loop a turn
+    between them. A piece longer than a window, more than ``max_pieces``
+    pieces, or malformed JSON raise `_Unreadable`.
+    """
+
+    def __init__(
+        self, text: str, window: int = _PIECE_CHARS, max_pieces: int = _MAX_PIECES
+    ) -> None:
+        """Read ``text`` in windows of ``window`` characters."""
+        self._text = text
+        self._size = max(1, window)
+        self._max_pieces = max_pieces
+        self._window = ""
+        self._start = 0  # where the window begins in the text
+        self._at = 0  # the reading position in the window
+        self.windows = 0
+        self.copied = 0
+        self.read = 0
+        self._load(0)
+
+    def members(self) -> Iterator[_Piece]:
+        """The object's members in order; an array gives one piece per element."""
+        self._expect("{")
+        if not self._take("}"):
+            while True:
+                key = self._value()
+                if not isinstance(key, str):
+                    raise _Unreadable
+                self._expect(":")
+                if self._take("["):
+                    for element in self._elements():
+                        yield _Piece(key, element, element=True)
+                else:
+                    yield _Piece(key, self._value())
+                if not self._take(","):
+                    self._expect("}")
+                    break
+        if self._peek():
+            raise _Unreadable  # text after the object
+
+    def _elements(self) -> Iterator[Any]:
+        if self._take("]"):
+            return
+        while True:
+            yield self._value()
+            if not self._take(","):
+                self._expect("]")
+                return
+
+    def _load(self, start: int) -> None:
+        self._window = self._text[start : start + self._size]
+        self._start, self._at = start, 0
+        self.windows += 1
+        self.copied += len(self._window)
+
+    def _cut(self) -> bool:
+        """Whether the text goes on past the window."""
+        return self._start + len(self._window) < len(self._text)
+
+    def _peek(self) -> str:
+        """The next character that is not white space ("" at the end)."""
+        while True:
+            match = _JSON_SPACE.match(self._window, self._at)
+            self._at = match.end() if match else self._at
+            if self._at < len(self._window) or not self._cut():
+                return self._window[self._at : self._at + 1]
+            self._load(self._start + self._at)
+
+    def _take(self, char: str) -> bool:
+        """Step over ``char`` if it comes next."""
+        if self._peek() != char:
+            return False
+        self._at += 1
+        return True
+
+    def _expect(self, char: str) -> None:
+        if not self._take(char):
+            raise _Unreadable
+
+    def _value(self) -> Any:
+        """The next value, decoded from a window that holds all of it."""
+        self.read += 1
+        if self.read > self._max_pieces:
+            raise _Unreadable
+        self._peek()
+        while True:
+            try:
+                value, end = _JSON.raw_decode(self._window, self._at)
+            except (ValueError, RecursionError):  # deep nesting: RecursionError
+                value, end = None, -1
+            if end >= 0 and not self._may_go_on(end):
+                self._at = end
+                return value
+            if self._at == 0 or not self._cut():
+                raise _Unreadable  # malformed, or longer than a window
+            self._load(self._start + self._at)
+
+    def _may_go_on(self, end: int) -> bool:
+        """Whether a value decoded up to ``end`` may be a number cut short."""
+        if not self._cut():
+            return False
+        return end == len(self._window) or self._window[end] in _NUMBER_TAIL
+
+
+async def _read_pieces(
+    pieces: _JsonPieces, keep: Callable[[_Piece], bool]
+) -> list[_Piece]:
+    """The pieces ``keep`` accepts.
+
+    The event loop gets a turn after every window and every
+    `_PIECES_PER_TURN` pieces: no step between two turns decodes more than a
+    few windows or runs more than that many pieces.
+    """
+    kept: list[_Piece] = []
+    windows, read = pieces.windows, pieces.read
+    for piece in pieces.members():
+        if keep(piece):
+            kept.append(piece)
+        if pieces.windows != windows or pieces.read - read >= _PIECES_PER_TURN:
+            await asyncio.sleep(0)
+            windows, read = pieces.windows, pieces.read
+    return kept
+
+
+async def _pieces(
+    http: httpx.AsyncClient,
+    settings: ModelSettings,
+    url: str,
+    keep: Callable[[_Piece], bool],
+    *,
+    cap: int = _MAX_NATIVE_REPLY_BYTES,
+    post: Any = None,
+) -> list[_Piece]:
+    """The pieces of a probe's JSON reply that ``keep`` accepts ([] if none)."""
+    method = "GET" if post is None else "POST"
+    text = await _probe(http, settings, method, url, cap=cap, body=post)
+    if text is None:
+        return []
+    try:
+        return await _read_pieces(_JsonPieces(text), keep)
+    except _Unreadable:
+        why = (
+            f"The model server's reply to {url} is not JSON the probe reads "
+            f"(malformed, over {_MAX_PIECES:,} pieces, or a piece over "
+            f"{_PIECE_CHARS:,} characters)"
+        )
+        _unknown(settings, why)
+        return []
+
+
+def _entry_named(
+    key: str, names: tuple[str, ...], model: str
+) -> Callable[[_Piece], bool]:
+    """Whether a piece is an element of array ``key`` whose ``names`` hold ``model``."""
+
+    def named(piece: _Piece) -> bool:
+        entry = piece.value
+        if not (piece.element and piece.key == key and isinstance(entry, dict)):
+            return False
+        return any(entry.get(name) == model for name in names)
+
+    return named
+
+
+def _members_named(*keys: str) -> Callable[[_Piece], bool]:
+    """Whether a piece is the (non-array) member of one of ``keys``."""
+    return lambda piece: piece.key in keys and not piece.element
 
 
 async def _context_from_models(http: httpx.AsyncClient, settings: ModelSettings) -> int:
-    listing = await _json_from(http, settings, "GET", settings.models_url)
-    entries = listing.get("data") if isinstance(listing, dict) else None
-    for entry in entries if isinstance(entries, list) else []:
-        if not isinstance(entry, dict) or entry.get("id") != settings.model:
-            continue
-        places = [entry, entry.get("meta") or {}, entry.get("top_provider") or {}]
-        for place in places:
+    url = settings.models_url
+    ours = _entry_named("data", ("id",), settings.model)
+    for piece in await _pieces(http, settings, url, ours, cap=_MAX_MODEL_LIST_BYTES):
+        entry = piece.value
+        places = {
+            "": entry,
+            "meta.": entry.get("meta"),
+            "top_provider.": entry.get("top_provider"),
+        }
+        for prefix, place in places.items():
+            if not isinstance(place, dict):
+                continue
             for name in _CONTEXT_FIELDS:
-                value = place.get(name) if isinstance(place, dict) else None
-                tokens = _positive_int(value)
+                tokens = _context_value(place.get(name), settings, url, prefix + name)
                 if tokens:
                     return tokens
     return 0
 
 
 async def _context_from_props(http: httpx.AsyncClient, settings: ModelSettings) -> int:
-    props = await _json_from(http, settings, "GET", _server_root(settings) + "/props")
-    if not isinstance(props, dict):
-        return 0
+    url = _server_root(settings) + "/props"
+    wanted = _members_named("default_generation_settings", "n_ctx")
+    props = {
+        piece.key: piece.value for piece in await _pieces(http, settings, url, wanted)
+    }
     defaults = props.get("default_generation_settings")
     slot = defaults.get("n_ctx") if isinstance(defaults, dict) else None
-    return _positive_int(slot) or _positive_int(props.get("n_ctx"))
-
-
-_NUM_CTX = re.compile(r"^\s*num_ctx\s+(\d{2,9})\s*$", re.MULTILINE)
+    name = "default_generation_settings.n_ctx"
+    return _context_value(slot, settings, url, name) or _context_value(
+        props.get("n_ctx"), settings, url, "n_ctx"
+    )
 
 
 async def _context_from_ollama(http: httpx.AsyncClient, settings: ModelSettings) -> int:
-    root = _server_root(settings)
-    running = await _json_from(http, settings, "GET", root + "/api/ps")
-    models = running.get("models") if isinstance(running, dict) else None
-    for entry in models if isinstance(models, list) else []:
-        if not isinstance(entry, dict):
-            continue
-        if settings.model in (entry.get("name"), entry.get("model")):
-            loaded = _positive_int(entry.get("context_length"))
-            if loaded:
-                return loaded
-    shown = await _json_from(
-        http, settings, "POST", root + "/api/show", {"model": settings.model}
+    return await _ollama_loaded_context(http, settings) or await _ollama_set_context(
+        http, settings
     )
-    parameters = shown.get("parameters") if isinstance(shown, dict) else None
-    match = _NUM_CTX.search(parameters) if isinstance(parameters, str) else None
-    return int(match.group(1)) if match else 0
+
+
+async def _ollama_loaded_context(
+    http: httpx.AsyncClient, settings: ModelSettings
+) -> int:
+    """``context_length`` of the model as loaded (Ollama ``GET /api/ps``)."""
+    url = _server_root(settings) + "/api/ps"
+    loaded = _entry_named("models", ("name", "model"), settings.model)
+    for piece in await _pieces(http, settings, url, loaded):
+        length = piece.value.get("context_length")
+        tokens = _context_value(length, settings, url, "context_length")
+        if tokens:
+            return tokens
+    return 0
+
+
+async def _ollama_set_context(http: httpx.AsyncClient, settings: ModelSettings) -> int:
+    """``num_ctx`` of the model's Modelfile parameters (Ollama ``POST /api/show``)."""
+    url = _server_root(settings) + "/api/show"
+    asked = {"model": settings.model}
+    wanted = _members_named("parameters")
+    shown = await _pieces(http, settings, url, wanted, post=asked)
+    parameters = shown[-1].value if shown else None
+    return _num_ctx(parameters, settings, url) if isinstance(parameters, str) else 0
+
+
+def _num_ctx(parameters: str, settings: ModelSettings, url: str) -> int:
+    """The ``num_ctx`` of a Modelfile's parameters text (0: unset or implausible).
+
+    Ollama writes a ``name value`` line per setting, so the text is read with
+    one split into lines and one into words per line: linear, where a
+    multi-line regex whose leading white space may span lines rescans, from
+    every line start, all the blank lines after it. A text over
+    `_MAX_PARAMETERS_CHARS` is no Modelfile's and is not read.
+    """
+    if len(parameters) > _MAX_PARAMETERS_CHARS:
+        why = (
+            f"The model server at {url} sent Modelfile parameters of "
+            f"{len(parameters):,} characters, more than the "
+            f"{_MAX_PARAMETERS_CHARS:,} read"
+        )
+        _unknown(settings, why)
+        return 0
+    for line in parameters.split("\n"):
+        words = line.split(None, 1)
+        if not words or words[0] != "num_ctx":
+            continue
+        value = words[1].strip() if len(words) > 1 else ""
+        # ASCII digits only: int() would also read other scripts' digits.
+        if value.isascii() and value.isdigit() and len(value) <= 9:
+            tokens = int(value)
+            if _plausible_context(tokens):
+                return tokens
+        cut = value if len(value) <= _SHOWN_CHARS else value[:_SHOWN_CHARS] + "…"
+        _ignored(settings, url, "num_ctx", cut)
+        return 0
+    return 0
 
 
 class SSEDecoder:
@@ -703,14 +1059,14 @@ class OpenAIModelClient:
             raise _Transient("the stream ended before the reply was complete")
 
     async def _raise_for_status(self, response: httpx.Response) -> None:
-        raw = b""
+        raw = bytearray()
         async for part in response.aiter_bytes():
-            raw += part
+            raw += part[: _MAX_ERROR_BODY + 1 - len(raw)]
             if len(raw) > _MAX_ERROR_BODY:
                 break
         status = response.status_code
         body = raw[:_MAX_ERROR_BODY].decode("utf-8", "replace")
-        detail = _error_detail(raw[:_MAX_ERROR_BODY])
+        detail = _error_detail(bytes(raw[:_MAX_ERROR_BODY]))
         if status in (400, 413) and _OVERFLOW.search(body):
             raise _Overflow(_overflow_limit(body), detail)
         if status == 400 and self._send_usage_option and "stream_options" in detail:
