@@ -1,21 +1,29 @@
 """``batch``: a JSONL file of questions, researched with bounded concurrency.
 
-Input: the lab's format, one ``{"question": …, "answer": …}`` object a line
-(``answer`` is the reference answer, copied to the record; other fields are
-ignored). A line that is not such an object is reported with its number and
-skipped; blank lines are skipped silently.
+Input: the lab's format, JSON Lines, one ``{"question": …, "answer": …}``
+object a line (``answer`` is the reference answer, copied to the record;
+other fields are ignored). Only a newline (LF) ends a line (a carriage
+return before it and a UTF-8 byte order mark at the start of the file are
+dropped), so U+2028 or U+0085 inside a question is text. A line that is not
+such an object (not UTF-8, not JSON, nested more than `MAX_NESTING` levels,
+or a question with a lone surrogate, which no model server can be sent) is
+reported with its number and skipped; blank lines are skipped silently.
 
-Output: one JSON line per (question, rollout), appended as each finishes and
+Output: one JSON line per (question, rollout) (`results.json_line`: no raw
+line separator or control character in it), appended as each finishes and
 flushed at once, so an interrupted batch keeps every finished record whole.
 Resuming reads the output first: records already there (by question and
-``rollout_id``) are not run again, and an unfinished last line (a crash
+``rollout_id``) are not run again; a complete last record without its
+newline is kept (the newline is added), an unfinished last line (a crash
 mid-write) is cut off and its question run again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -23,7 +31,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..core.events import RunFinished, RunStats
-from .results import Outcome, batch_record
+from .research import RunnerError
+from .results import Outcome, batch_record, json_line
+
+#: The deepest nesting of lists and objects a line may have. A question is
+#: one level and its answer a few more; the JSON parser and writer recurse
+#: per level, and a line nested thousands deep would end the process.
+MAX_NESTING = 100
 
 
 @dataclass(frozen=True)
@@ -43,27 +57,126 @@ class BadLine:
     reason: str
 
 
-def parse_questions(lines: Iterable[str]) -> tuple[list[Question], list[BadLine]]:
-    """The questions of a JSONL input, and the lines that are not questions."""
+class JSONLineError(ValueError):
+    """A line is not one readable JSON value; the message says why."""
+
+
+def json_lines(data: bytes) -> list[bytes]:
+    """The lines of a JSON Lines file: only a newline (LF) ends one.
+
+    A carriage return before it and a UTF-8 byte order mark at the start of
+    the file are dropped; the newline after the last line is optional.
+    """
+    lines = data.removeprefix(codecs.BOM_UTF8).split(b"\n")
+    if not lines[-1]:
+        lines.pop()
+    return [line.removesuffix(b"\r") for line in lines]
+
+
+def parse_json_line(text: str) -> Any:
+    """The JSON value of one line, nested at most `MAX_NESTING` levels.
+
+    Raises:
+        JSONLineError: Not valid JSON, nested too deeply or holding a
+            number too long to read (the message is one line, for the user).
+    """
+    nested = f"nested more than {MAX_NESTING} levels deep"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise JSONLineError(f"not valid JSON ({error.msg})") from None
+    except RecursionError:  # the parser recurses per level
+        raise JSONLineError(nested) from None
+    except ValueError:  # only an integer over the interpreter's digit limit
+        digits = sys.get_int_max_str_digits()
+        raise JSONLineError(
+            f"not valid JSON (a number longer than {digits:,} digits)"
+        ) from None
+    if _nested_deeper_than(value, MAX_NESTING):
+        raise JSONLineError(nested)
+    return value
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` has lists or objects more than `limit` levels deep."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate in `text` (None: it is Unicode text)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return error.object[error.start]
+    return None
+
+
+def _line_text(raw: str | bytes) -> str:
+    """One input line as text, without the whitespace around it."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError:
+        raise JSONLineError("not UTF-8 text") from None
+    return text.strip()
+
+
+def _why_not_a_question(item: Any) -> str | None:
+    """Why a line's JSON value is not a question (None: it is one)."""
+    if not isinstance(item, dict):
+        return "not a JSON object"
+    question = item.get("question")
+    if not isinstance(question, str) or not question.strip():
+        return 'no "question" text'
+    surrogate = lone_surrogate(question)
+    if surrogate is not None:
+        code = f"\\u{ord(surrogate):04x}"
+        return f'the "question" is not Unicode text (a lone surrogate {code})'
+    return None
+
+
+def _question(number: int, raw: str | bytes) -> Question | BadLine | None:
+    """The question of one input line, why it is none, or None when blank."""
+    try:
+        text = _line_text(raw)
+        if not text:
+            return None
+        item = parse_json_line(text)
+    except JSONLineError as error:
+        return BadLine(number, str(error))
+    reason = _why_not_a_question(item)
+    if reason is not None:
+        return BadLine(number, reason)
+    return Question(number, item["question"].strip(), item.get("answer"))
+
+
+def parse_questions(
+    lines: Iterable[str | bytes],
+) -> tuple[list[Question], list[BadLine]]:
+    """The questions of a JSONL input, and the lines that are not questions.
+
+    Args:
+        lines: The input's lines (`json_lines`), as bytes or already text.
+    """
     questions: list[Question] = []
     bad: list[BadLine] = []
     for number, raw in enumerate(lines, start=1):
-        text = raw.strip()
-        if not text:
-            continue
-        try:
-            item = json.loads(text)
-        except json.JSONDecodeError as error:
-            bad.append(BadLine(number, f"not valid JSON ({error.msg})"))
-            continue
-        if not isinstance(item, dict):
-            bad.append(BadLine(number, "not a JSON object"))
-            continue
-        question = item.get("question")
-        if not isinstance(question, str) or not question.strip():
-            bad.append(BadLine(number, 'no "question" text'))
-            continue
-        questions.append(Question(number, question.strip(), item.get("answer")))
+        found = _question(number, raw)
+        if isinstance(found, Question):
+            questions.append(found)
+        elif found is not None:
+            bad.append(found)
     return questions, bad
 
 
@@ -78,33 +191,46 @@ class Existing:
     repaired: bool = False
 
 
+def _record_key(raw: bytes) -> tuple[str, int] | None:
+    """(question, rollout) of one output line (None: not a record)."""
+    try:
+        record = parse_json_line(raw.decode("utf-8", "replace"))
+    except JSONLineError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("question"), str):
+        return None
+    rollout = record.get("rollout_id", 1)
+    return record["question"].strip(), rollout if isinstance(rollout, int) else 1
+
+
 def read_existing(path: Path) -> Existing:
-    """The records already in `path` (cutting off an unfinished last line)."""
+    """The records already in `path`, its last line made whole.
+
+    A last line without its newline is a complete record (kept: the newline
+    is added) or the start of one a crash cut short (cut off).
+    """
     existing = Existing()
     if not path.exists():
         return existing
     data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        keep = data.rfind(b"\n") + 1
+    lines = data.split(b"\n")
+    last = lines.pop()  # b"" when the file ends with a newline
+    if _record_key(last) is not None:  # whole: only its newline is missing
+        with path.open("ab") as handle:
+            handle.write(b"\n")
+        lines.append(last)
+    elif last:
         with path.open("r+b") as handle:
-            handle.truncate(keep)
-        data = data[:keep]
-        existing.repaired = True
-    for number, raw in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+            handle.truncate(len(data) - len(last))
+        existing.repaired = bool(last.strip())
+    for number, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
-        try:
-            record = json.loads(raw)
-        except json.JSONDecodeError:
+        key = _record_key(raw)
+        if key is None:
             existing.unreadable.append(number)
-            continue
-        if not isinstance(record, dict) or not isinstance(record.get("question"), str):
-            existing.unreadable.append(number)
-            continue
-        rollout = record.get("rollout_id", 1)
-        existing.done.add(
-            (record["question"].strip(), rollout if isinstance(rollout, int) else 1)
-        )
+        else:
+            existing.done.add(key)
     return existing
 
 
@@ -144,10 +270,19 @@ class RecordWriter:
         self._handle = handle
 
     def write(self, record: dict[str, Any]) -> None:
-        """One record, one line, in one write."""
-        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
-        self._handle.write(line)
-        self._handle.flush()
+        """One record, one line, in one write.
+
+        Raises:
+            RunnerError: The output cannot be written (a full disk): exit 2.
+        """
+        line = json_line(record)
+        try:
+            self._handle.write(line)
+            self._handle.flush()
+        except OSError as error:
+            name = getattr(self._handle, "name", "the output")
+            reason = error.strerror or str(error)
+            raise RunnerError(f"cannot write {name}: {reason}", code=2) from None
 
 
 Research = Callable[[Job], Awaitable[Outcome]]

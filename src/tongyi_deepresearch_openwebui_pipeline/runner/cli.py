@@ -3,7 +3,17 @@
 The only module of the runner that does I/O: it reads the arguments, files
 and environment, writes the live view and progress to stderr (rendered by
 `render`, which is pure) and the results to stdout or the output files, and
-turns every failure into one line and an exit status:
+turns every failure into one line and an exit status.
+
+What a person reads is never raw: everything written to stderr (the live
+view, messages, logs), and the answer when stdout is a terminal, passes
+through `render.terminal_safe`, since a page, the model or a server may put
+control sequences in it. Written results are data and keep the text:
+the answer file and piped stdout as the model wrote it (well-formed
+UTF-8), JSON with every control character escaped (`results.json_line`).
+Output files are checked before any research starts.
+
+Exit statuses:
 
 - 0: done (``ask``: an answer was given);
 - 1: the research failed or no model server answered (``batch``: also when
@@ -17,10 +27,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
+import stat
 import sys
 import time
 import traceback
@@ -35,13 +45,21 @@ from .batch import (
     Job,
     RecordWriter,
     jobs_to_run,
+    json_lines,
+    lone_surrogate,
     parse_questions,
     read_existing,
     run_batch,
 )
-from .render import Progress, TerminalRenderer, progress_line, summary_table
+from .render import (
+    Progress,
+    TerminalRenderer,
+    progress_line,
+    summary_table,
+    terminal_safe,
+)
 from .research import RunnerError, open_researcher
-from .results import Outcome, answer_markdown, outcome_json
+from .results import Outcome, answer_markdown, json_line, outcome_json
 from .settings import (
     RunnerOptions,
     Settings,
@@ -166,19 +184,72 @@ def _setting_flags(args: argparse.Namespace) -> dict[str, Any]:
     return flags
 
 
-def _say(text: str, stream: TextIO | None = None) -> None:
-    out: TextIO = sys.stderr if stream is None else stream
-    out.write(text if text.endswith("\n") else text + "\n")
-    out.flush()
+def _show(text: str) -> None:
+    """Write `text` to stderr as a terminal may show it."""
+    sys.stderr.write(terminal_safe(text))
+    sys.stderr.flush()
+
+
+def _say(text: str) -> None:
+    """One message (a line, or lines) on stderr."""
+    _show(text if text.endswith("\n") else text + "\n")
+
+
+class TerminalLogFormatter(logging.Formatter):
+    """Log lines as a terminal may show them (a record may quote a page)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The formatted record without control sequences."""
+        return terminal_safe(super().format(record))
 
 
 def _configure_logging(verbose: bool) -> None:
     # Retries and tool problems are shown as events; logs only when asked.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TerminalLogFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(
-        level=logging.INFO if verbose else logging.CRITICAL,
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        level=logging.INFO if verbose else logging.CRITICAL, handlers=[handler]
     )
+
+
+def _cannot_write(path: Path, error: OSError) -> RunnerError:
+    return RunnerError(f"cannot write {path}: {error.strerror or error}", code=2)
+
+
+def _check_output(path: Path, *, read_back: bool) -> None:
+    """Fail before any research when `path` cannot be written.
+
+    A new file is created and removed again, an existing one opened for
+    appending (not changed), so a directory, a path under a file, a missing
+    directory or a read-only place is one line and exit 2 before the model
+    server is even asked. Terminals, pipes and devices are left to the
+    write, unless the output is read back (a batch resumes from it): then
+    it must be a regular file.
+
+    Raises:
+        RunnerError: `path` cannot be written (exit 2).
+    """
+    try:
+        mode: int | None = path.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as error:  # e.g. a path under a file
+        raise _cannot_write(path, error) from None
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        if read_back:
+            raise RunnerError(
+                f"cannot write {path}: not a regular file (a batch reads its "
+                "output back to resume)",
+                code=2,
+            )
+        return
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError as error:
+        raise _cannot_write(path, error) from None
+    os.close(descriptor)
+    if mode is None:
+        path.unlink(missing_ok=True)
 
 
 async def _until_interrupted(work: Coroutine[Any, Any, T]) -> tuple[T | None, bool]:
@@ -214,14 +285,25 @@ async def _until_interrupted(work: Coroutine[Any, Any, T]) -> tuple[T | None, bo
 # -- ask --------------------------------------------------------------------------
 
 
+def _print_result(text: str, quiet: bool) -> None:
+    """The answer on stdout: as written when piped, safe on a terminal."""
+    if not quiet:
+        sys.stderr.write("\n")
+    sys.stdout.write(terminal_safe(text) if sys.stdout.isatty() else text)
+    sys.stdout.flush()
+
+
 async def _ask(args: argparse.Namespace, settings: Settings) -> int:
+    if lone_surrogate(args.question) is not None:  # bytes argv could not decode
+        raise RunnerError("the question is not UTF-8 text", code=2)
+    if args.output:
+        _check_output(args.output, read_back=False)
     renderer = TerminalRenderer(thinking=args.thinking)
 
     def show(event: Any) -> None:
         text = renderer.render(event)
         if text:
-            sys.stderr.write(text)
-            sys.stderr.flush()
+            _show(text)
 
     async def research() -> Outcome:
         async with open_researcher(settings) as researcher:
@@ -233,36 +315,29 @@ async def _ask(args: argparse.Namespace, settings: Settings) -> int:
     if interrupted or outcome is None:
         _say("Stopped.")
         return EXIT_INTERRUPTED
-    if args.json:
-        text = json.dumps(outcome_json(outcome), ensure_ascii=False) + "\n"
-    else:
-        text = answer_markdown(outcome)
+    text = json_line(outcome_json(outcome)) if args.json else answer_markdown(outcome)
     if args.output:
         try:
             args.output.write_text(text, encoding="utf-8")
-        except OSError as error:
-            raise RunnerError(
-                f"cannot write {args.output}: {error.strerror}", code=2
-            ) from None
+        except OSError as error:  # it changed since the check: keep the answer
+            _print_result(text, args.quiet)
+            raise _cannot_write(args.output, error) from None
         _say(f"Wrote {args.output}")
     else:
-        if not args.quiet:
-            sys.stderr.write("\n")
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        _print_result(text, args.quiet)
     return EXIT_OK if outcome.finished.answer else EXIT_FAILED
 
 
 # -- batch ------------------------------------------------------------------------
 
 
-def _read_input(path: Path) -> list[str]:
+def _read_input(path: Path) -> list[bytes]:
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        return json_lines(path.read_bytes())
     except OSError as error:
-        raise RunnerError(f"cannot read {path}: {error.strerror}", code=2) from None
-    except UnicodeDecodeError:
-        raise RunnerError(f"{path} is not UTF-8 text", code=2) from None
+        raise RunnerError(
+            f"cannot read {path}: {error.strerror or error}", code=2
+        ) from None
 
 
 def _progress_writer(state: BatchState) -> Callable[[dict[str, Any]], None]:
@@ -279,6 +354,7 @@ def _progress_writer(state: BatchState) -> Callable[[dict[str, Any]], None]:
                 seconds=time.monotonic() - state.started,
             )
         )
+        line = terminal_safe(line)
         sys.stderr.write(f"\r\x1b[2K{line}" if live else f"{line}\n")
         sys.stderr.flush()
 
@@ -288,10 +364,16 @@ def _progress_writer(state: BatchState) -> Callable[[dict[str, Any]], None]:
 async def _batch(args: argparse.Namespace, settings: Settings) -> int:
     if args.concurrency < 1 or args.rollouts < 1:
         raise RunnerError("--concurrency and --rollouts must be at least 1", code=2)
+    _check_output(args.output, read_back=True)
     questions, bad = parse_questions(_read_input(args.input))
     for line in bad:
         _say(f"{args.input}:{line.line}: {line.reason}; line skipped")
-    existing = read_existing(args.output)
+    try:
+        existing = read_existing(args.output)
+    except OSError as error:
+        raise RunnerError(
+            f"cannot resume from {args.output}: {error.strerror or error}", code=2
+        ) from None
     if existing.repaired:
         _say(f"{args.output}: an unfinished last record was cut off (it runs again)")
     for number in existing.unreadable:
@@ -311,7 +393,7 @@ async def _batch(args: argparse.Namespace, settings: Settings) -> int:
             async def research(job: Job) -> Outcome:
                 return await researcher.run(job.question.question, heavy=args.heavy)
 
-            with args.output.open("a", encoding="utf-8") as handle:
+            with _open_for_records(args.output) as handle:
                 await run_batch(
                     jobs,
                     research,
@@ -334,6 +416,14 @@ async def _batch(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_INTERRUPTED
     _say(f"Wrote {state.done} records to {args.output}.")
     return status
+
+
+def _open_for_records(path: Path) -> TextIO:
+    """The batch output, opened for appending records."""
+    try:
+        return path.open("a", encoding="utf-8")
+    except OSError as error:
+        raise _cannot_write(path, error) from None
 
 
 # -- main -------------------------------------------------------------------------

@@ -6,14 +6,17 @@ to lay the lines out (the round, token totals, an unfinished line of
 reasoning). The functions below format a batch's progress line and final
 table. Token counts, durations and the round are said in the chat's words
 (`core.phrasing`); a call is described by its tool's catalog entry. Nothing
-here writes anywhere: the CLI does the I/O.
+here writes anywhere: the CLI does the I/O, and passes every text it shows
+through `terminal_safe` (a page, the model or a server may write control
+sequences into a title, a query, the reasoning or an error).
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +43,7 @@ from ..core.events import (
     WrappingUp,
 )
 from ..core.phrasing import duration_text, round_label, tokens_text
+from .results import well_formed
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,78 @@ class ToolStatus:
     text: str
     rollout: int = 0
     kind: str = "tool_status"
+
+
+# -- text for a terminal ---------------------------------------------------------
+
+#: What a terminal acts on instead of showing: C0 controls but tab and newline,
+#: DEL and C1 controls (each may start a control sequence), and the bidi
+#: embeddings, overrides and isolates (they reorder what is shown around them).
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+#: What goes, from an unsafe character on: the run of control sequences and
+#: characters that starts there. Each alternative starts with a control
+#: character, its body never holds ESC or a C1 control and every quantifier
+#: is possessive, so no attempt scans past the next control character and
+#: nothing is scanned again by backtracking.
+_CONTROLS = re.compile(
+    "(?:"
+    # CSI: parameter bytes, intermediate bytes, a final byte.
+    "(?:\x1b\\[|\x9b)[\x30-\x3f]*+[\x20-\x2f]*+[\x40-\x7e]"
+    # A control string (OSC, DCS, SOS, PM, APC) with its payload, to its end:
+    # BEL, ST (8-bit, or ESC and a backslash), CAN or SUB.
+    "|(?:\x1b[\\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x18\x1a\x1b\x80-\x9f]*+"
+    "(?:[\x07\x18\x1a\x9c]|\x1b\\\\)"
+    # Any other ESC sequence, and the introducer of a CSI or string that never
+    # ends (so what follows it is shown, not hidden).
+    "|\x1b[\x20-\x2f]*+[\x30-\x7e]"
+    # Any other unsafe character, alone.
+    "|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]"
+    ")++"
+)
+
+Counted = Callable[[int], None]
+
+
+def _uncounted(_characters: int) -> None:
+    """The default work counter of `terminal_safe`: counts nothing."""
+
+
+def terminal_safe(text: str, count: Counted = _uncounted) -> str:
+    """`text` as a terminal may show it: no control character reaches it.
+
+    Escape sequences (CSI, and OSC, DCS, SOS, PM, APC strings with their
+    payloads: window titles, clipboard writes, screen clears), in their
+    7-bit and 8-bit forms, are removed whole; any other C0 control but tab
+    and newline, DEL, C1 control and bidi embedding, override or isolate is
+    removed alone. A sequence that never ends loses only its introducer, so
+    nothing after it is hidden. Lone surrogates become U+FFFD (a split pair
+    its character). Linear: the text is scanned once for surrogates, then
+    once for controls; each run of them goes in one match.
+
+    Args:
+        text: What the model, a page, a server or a file wrote.
+        count: Told how many characters each scan went over (tests prove
+            the work linear with it).
+    """
+    count(len(text))
+    text = well_formed(text)
+    pieces: list[str] = []
+    position = 0
+    while (found := _UNSAFE.search(text, position)) is not None:
+        start = found.start()
+        run = _CONTROLS.match(text, start)
+        end = run.end() if run else start + 1  # it always matches
+        count(end - position)
+        pieces.append(text[position:start])
+        position = end
+    count(len(text) - position)
+    if not position:
+        return text
+    pieces.append(text[position:])
+    return "".join(pieces)
+
+
+# -- events -----------------------------------------------------------------------
 
 
 def plural(count: int, noun: str) -> str:
@@ -69,8 +145,10 @@ class _Lane:
     round: int = 0
     max_rounds: int = 0
     usage: str = ""
-    #: Reasoning text not yet ended by a newline.
-    partial: str = ""
+    #: Pieces of reasoning not yet ended by a newline (joined once, when the
+    #: line ends: re-joining on every piece would copy a long line again and
+    #: again).
+    partial: list[str] = field(default_factory=list)
     answering: bool = False
     #: The latest calls' lines (a tool's status repeating one is not shown).
     calls: tuple[str, ...] = ()
@@ -112,14 +190,20 @@ class TerminalRenderer:
         """End an unfinished line of reasoning."""
         if not lane.partial:
             return ""
-        text, lane.partial = lane.partial, ""
+        text, lane.partial = "".join(lane.partial), []
         return f"{lane.prefix}  │ {text}\n"
 
     def _think(self, lane: _Lane, text: str) -> str:
         if not self.thinking:
             return ""
-        lines = (lane.partial + text).split("\n")
-        lane.partial = lines.pop()
+        if "\n" not in text:
+            if text:
+                lane.partial.append(text)
+            return ""
+        first, *lines = text.split("\n")
+        rest = lines.pop()
+        lines.insert(0, "".join([*lane.partial, first]))
+        lane.partial = [rest] if rest else []
         return "".join(f"{lane.prefix}  │ {line}\n" for line in lines if line.strip())
 
     def _event(self, lane: _Lane, event: Event) -> str:

@@ -39,6 +39,9 @@ ENV_PREFIX = "TDR_"
 CONFIG_ENV = "TDR_CONFIG"
 #: Tables of tool valves in the config file: ``[tools.<name>]``.
 TOOL_TABLES = tuple(tool_modules())
+#: The largest config file read. A config file is a few hundred bytes; the
+#: TOML parser is pure Python, so a huge file would take long to refuse.
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class SettingsError(Exception):
@@ -106,15 +109,29 @@ def default_config_path(env: Mapping[str, str]) -> Path:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
+    """The TOML of a config file (at most `MAX_CONFIG_BYTES`, UTF-8).
+
+    Raises:
+        SettingsError: The file is missing, unreadable, too large, not UTF-8
+            or not TOML (nested too deeply included).
+    """
     try:
         with path.open("rb") as handle:
-            return tomllib.load(handle)
+            data = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise SettingsError(f"config file {path} does not exist") from None
     except OSError as error:
         raise SettingsError(
-            f"config file {path} cannot be read ({error.strerror})"
+            f"config file {path} cannot be read ({error.strerror or error})"
         ) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise SettingsError(f"config file {path} is larger than 1 MiB")
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise SettingsError(f"config file {path} is not UTF-8 text") from None
+    except RecursionError:  # the parser recurses per level of arrays and tables
+        raise SettingsError(f"config file {path} is nested too deeply") from None
     except tomllib.TOMLDecodeError as error:
         raise SettingsError(f"config file {path} is not valid TOML: {error}") from None
 
