@@ -7,6 +7,7 @@ starts with the reference agent's own wording where one exists.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -262,8 +263,37 @@ def check_call(call: ToolCall, available: Iterable[str]) -> ToolCall | CallError
 
 # -- results --
 
-_RESPONSE_TAG = re.compile(r"<(/?)tool_response>", re.IGNORECASE)
 _SPECIAL_TOKEN = re.compile(r"<\|([a-zA-Z0-9_]+)\|>")
+
+#: The tags of the model's protocol and of the prompts around it. Text from a
+#: model or a page that goes back into a prompt may not open or close one:
+#: Qwen's tokenizer reads ``<think>``, ``<tool_call>`` and ``<tool_response>``
+#: as single tokens even inside a message, and ``<summary>`` frames the state
+#: of a consolidated conversation.
+PROMPT_TAGS = ("think", "thinking", "tool_call", "tool_response", "answer", "summary")
+
+
+@functools.cache
+def _tag_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
+    """``<name>``, ``</name>`` and their variants (case, spaces, attributes).
+
+    Possessive quantifiers and a scan that stops at the next ``<``, ``>`` or
+    line break: every character is examined a bounded number of times.
+    """
+    alternatives = "|".join(re.escape(name) for name in names)
+    return re.compile(
+        rf"<[ \t]*+/?[ \t]*+(?:{alternatives})\b[^<>\n]*+>", re.IGNORECASE
+    )
+
+
+def neutralise_tags(text: str, names: tuple[str, ...] = PROMPT_TAGS) -> str:
+    """Defuse the tags ``names`` (``</summary>`` → ``[/summary]``).
+
+    Only the angle brackets change, so the text stays readable, and a
+    replacement holds neither ``<`` nor ``>``: defusing never splices a new
+    tag together from what surrounds it.
+    """
+    return _tag_pattern(names).sub(lambda tag: f"[{tag.group()[1:-1]}]", text)
 
 
 def neutralise(result: str) -> str:
@@ -272,10 +302,10 @@ def neutralise(result: str) -> str:
     A page may contain ``</tool_response>`` or chat-template control tokens
     (``<|im_end|>``); servers that tokenise special tokens inside text would
     let such a page end the turn or forge a system message. Both are defused
-    while staying readable.
+    while staying readable: the control tokens first, since a defused
+    ``<|tool_response|>`` spells the tag.
     """
-    result = _RESPONSE_TAG.sub(r"[\1tool_response]", result)
-    return neutralise_control_tokens(result)
+    return neutralise_tags(neutralise_control_tokens(result), ("tool_response",))
 
 
 def neutralise_control_tokens(text: str) -> str:
@@ -287,6 +317,17 @@ def neutralise_control_tokens(text: str) -> str:
     open a forged system message.
     """
     return _SPECIAL_TOKEN.sub(r"<\1>", text)
+
+
+def neutralise_prompt_text(text: str) -> str:
+    """Text from a model or a page made inert before it re-enters a prompt.
+
+    Control tokens are defused, then the `PROMPT_TAGS` (in this order: a
+    defused ``<|summary|>`` spells ``<summary>``). Used where a research state,
+    a page's title or URL, or a rollout's report goes into a prompt. Linear
+    in the text.
+    """
+    return neutralise_tags(neutralise_control_tokens(text))
 
 
 def wrap_response(result: str) -> str:

@@ -35,7 +35,7 @@ import contextlib
 import copy
 import datetime as dt
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Container
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -61,9 +61,11 @@ from ..core.prompts import (
     SYNTHESIS_REQUEST,
     SYNTHESIS_SOURCE,
     build_synthesis_system,
+    drop_unknown_source_numbers,
+    escape_structure_lines,
 )
 from ..core.sources import Source, SourceLedger, evidence_text
-from ..core.toolcalls import ToolCall
+from ..core.toolcalls import ToolCall, neutralise_prompt_text
 
 #: Most rollouts one heavy run may start.
 MAX_ROLLOUTS = 8
@@ -72,6 +74,8 @@ SYNTHESIS_ROUNDS = 2
 #: Characters of a rollout's answer and of one page's evidence in a report.
 REPORT_ANSWER_CHARS = 6000
 REPORT_EVIDENCE_CHARS = 1500
+#: Characters of a page's title in its source entry (titles are rarely 200).
+REPORT_TITLE_CHARS = 500
 
 
 @dataclass(frozen=True)
@@ -355,8 +359,9 @@ class HeavyRun:
 
     def _request(self, answered: list[tuple[int, RunFinished]]) -> str:
         budget = self._report_chars(len(answered))
+        known = {source.number for source in self.ledger.sources}
         reports = "\n\n".join(
-            _report(number, finished, self.ledger.read_by(rollout), budget)
+            _report(number, finished, self.ledger.read_by(rollout), budget, known)
             for number, (rollout, finished) in enumerate(answered, start=1)
         )
         return SYNTHESIS_REQUEST.format(
@@ -403,24 +408,30 @@ def _question(messages: list[dict[str, Any]]) -> str:
     return ""
 
 
-def _clip(text: str, limit: int) -> str:
-    text = text.strip()
-    return text if len(text) <= limit else text[:limit].rstrip() + " …"
-
-
 def _report(
-    number: int, finished: RunFinished, sources: list[Source], budget: int
+    number: int,
+    finished: RunFinished,
+    sources: list[Source],
+    budget: int,
+    known: Container[int] | None = None,
 ) -> str:
-    """One rollout's report: its answer, then the evidence of each page it read."""
-    answer = _clip(finished.answer, min(REPORT_ANSWER_CHARS, budget // 2))
+    """One rollout's report: its answer, then the evidence of each page it read.
+
+    What the rollout and its pages wrote is defused on the way in
+    (`_excerpt`, `_report_title`): it cannot pose as the request's structure.
+    The URL is the tool's, kept on one line and defused. `known` holds the
+    run's source numbers (default: those of `sources`).
+    """
+    known = {source.number for source in sources} if known is None else known
+    answer = _excerpt(finished.answer, min(REPORT_ANSWER_CHARS, budget // 2), known)
     room = budget - len(answer)
     items: list[str] = []
     for source in sources:
         item = SYNTHESIS_SOURCE.format(
             number=source.number,
-            title=source.title,
-            url=source.url,
-            evidence=_clip(evidence_text(source), REPORT_EVIDENCE_CHARS),
+            title=_report_title(source.title, known),
+            url=neutralise_prompt_text(" ".join(source.url.split())),
+            evidence=_excerpt(evidence_text(source), REPORT_EVIDENCE_CHARS, known),
         )
         if len(item) > room:
             items.append(f"({len(sources) - len(items)} more pages read, not shown)")
@@ -436,6 +447,45 @@ def _report(
         answer=answer,
         evidence=evidence,
     )
+
+
+def _excerpt(text: str, limit: int, known: Container[int]) -> str:
+    """At most ``limit`` characters of ``text`` as the report holds it (`_report_text`).
+
+    ``" …"`` marks a cut. Only the first ``2 × limit`` characters are read:
+    the report keeps no more, and a hostile answer or page of megabytes would
+    otherwise cost its whole length on the event loop. (Defusing may shorten
+    what it reads, so a cut is also marked when what is shown fits.)
+    """
+    text = text.strip()
+    read = text[: 2 * limit]
+    shown = _report_text(read, known).strip()
+    if len(shown) > limit:
+        return shown[:limit].rstrip() + " …"
+    return shown + " …" if len(read) < len(text) else shown
+
+
+def _report_text(text: str, known: Container[int]) -> str:
+    """A rollout's answer or a page's evidence, as the synthesis request holds it.
+
+    Control tokens and protocol tags defused, source numbers the run does not
+    hold dropped, then (last, so nothing after it can make one) every line
+    that reads as a heading or a source entry escaped.
+    """
+    text = drop_unknown_source_numbers(neutralise_prompt_text(text), known)
+    return escape_structure_lines(text)
+
+
+def _report_title(title: str, known: Container[int]) -> str:
+    """A page's title as its source entry holds it: one line, defused.
+
+    A title longer than `REPORT_TITLE_CHARS` is cut (read no further).
+    """
+    title = " ".join(title[: 2 * REPORT_TITLE_CHARS].split())
+    title = drop_unknown_source_numbers(neutralise_prompt_text(title), known)
+    if len(title) <= REPORT_TITLE_CHARS:
+        return title
+    return title[:REPORT_TITLE_CHARS].rstrip() + " …"
 
 
 def _none_answered(results: list[RunFinished]) -> str:
