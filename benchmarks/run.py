@@ -24,6 +24,7 @@ from . import (
     fanout,
     heavy,
     hostile,
+    hostile_round2,
     loop_lag,
     openai_sdk,
     page_reading,
@@ -51,6 +52,10 @@ BENCHMARKS: dict[str, tuple[str, Benchmark]] = {
     "runner": (
         "12. Headless runner: batch throughput at concurrency 1, 4, 16",
         runner_throughput.run,
+    ),
+    "hostile-2": (
+        "13. Worst event-loop stall over round-2 hostile inputs",
+        hostile_round2.run,
     ),
 }
 #: Upper bound per benchmark, so a hang ends the run instead of CI's job.

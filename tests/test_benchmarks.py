@@ -47,6 +47,7 @@ FIGURES = (
     "runner batch: questions/min at concurrency 4",
     "runner batch: questions/min at concurrency 16",
     "runner batch: wrong or missing records",
+    "round-2 hostile inputs (",
 )
 
 
