@@ -134,3 +134,20 @@ def test_rendering_returns_text_and_payloads_and_does_no_io() -> None:
     end = chat.render(RunFinished("answer", "See https://a.example/.", STATS))
     assert "See https://a.example/ [1]." in end.text
     assert end.events[-1]["data"]["done"] is True
+
+
+def test_control_sequences_in_a_title_are_removed_before_markdown_escaping():
+    # A title carrying a terminal clipboard write (OSC 52) and a C1 CSI: the
+    # escaping backslash must not turn "ESC ]" into "ESC \" (a terminal's string
+    # terminator), and no control character reaches the list the runner prints.
+    ledger = SourceLedger()
+    title = "\x1b]52;c;SGVsbG8=\x07Solar\x9b2J Notes\x7f"
+    ledger.record(
+        {
+            "source": {"name": title, "url": "https://site.example/a"},
+            "document": ["text"],
+            "metadata": [{"source": "https://site.example/a"}],
+        }
+    )
+    line = sources_list(ledger).strip().splitlines()[-1]
+    assert line == "1. [\\]52;c;SGVsbG8=Solar2J Notes](https://site.example/a)"

@@ -117,9 +117,16 @@ _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]()<>!|~&])")
 _URL_UNSAFE = re.compile(r"[\s()<>\[\]\"'`\\]")
 
 
+#: Control characters (C0 but tab and newline, DEL, C1): never meaningful in
+#: a title or a message, and escape sequences to a terminal that shows the
+#: list (the runner). Removed before escaping, so that Markdown's backslash
+#: cannot turn ``ESC ]`` into ``ESC \\`` (a terminal's string terminator).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def markdown_text(text: str) -> str:
     """``text`` shown literally inside Markdown (link text included)."""
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", _CONTROL.sub("", text))
 
 
 def markdown_url(url: str) -> str:
