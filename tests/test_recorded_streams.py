@@ -395,16 +395,6 @@ async def test_openrouter_documented_error_event_is_retried_then_reported():
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug in SSEDecoder: OpenRouter reports a max_tokens cut as an in-stream "
-        'error {"code":400,"message":"Token limit reached"} after two chunks '
-        'with finish_reason "length"; the decoder raises it as transient, so '
-        "the whole (deterministic) request is retried max_attempts times and "
-        "the turn ends in ModelError instead of a reply cut at its length"
-    ),
-)
 async def test_openrouter_error_after_length_finish_is_not_retried():
     with ReplayServer("openrouter_error_after_length.http") as server:
         chunks = await stream(server)
@@ -493,15 +483,6 @@ async def test_sglang_context_overflow_400_names_its_limit():
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "gap in model_client._OVERFLOW_LIMIT: SGLang's wording 'maximum context "
-        "length of 4096 tokens' names the limit, but only 'maximum context "
-        "length is N', 'context length (N' and n_ctx are read, so the limit "
-        "is 0 and the loop guesses 75% of what it sent"
-    ),
-)
 async def test_sglang_router_context_overflow_400_names_its_limit():
     with ReplayServer("sglang_router_context_overflow_400.http") as server:
         error = await refusal(server)

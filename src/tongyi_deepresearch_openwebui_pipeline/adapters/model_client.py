@@ -17,6 +17,16 @@ classifies failures:
 - the user's configuration (400/401/403/404/422) → not retried; a clear
   `ModelError` naming the valve to fix.
 
+An error event inside a 200 stream is read the same way: after the reply's
+finish it ends nothing (OpenRouter reports a ``max_tokens`` cut so, after
+``finish_reason: "length"``); before it, a 4xx code the HTTP path would not
+retry is a refusal, anything else transient (see `SSEDecoder`).
+
+Replies are read raw and never inflated: the request asks for an
+uncompressed reply, and a compressed one (one 64 KiB read of gzip inflates
+to 64 MB before any cap could apply) is refused unread. An event stream is
+UTF-8 whatever charset it declares, as the SSE format defines it.
+
 ``timeout_seconds`` bounds a whole attempt by the wall clock (httpx's own
 timeouts are per read, and keep-alive comments would stretch them forever).
 
@@ -144,7 +154,8 @@ class _Overflow(Exception):  # noqa: N818 - internal signal, not an API error
 # How servers say a request is too long (HTTP 400/413): vLLM and OpenAI
 # "maximum context length is N tokens", OpenAI's code context_length_exceeded,
 # llama.cpp "exceeds the available context size" (type exceed_context_size_error),
-# SGLang "longer than the model's context length (N tokens)".
+# SGLang "longer than the model's context length (N tokens)", SGLang's router
+# "maximum context length of N tokens".
 _OVERFLOW = re.compile(
     r"context[_ ]length|context size|context window|maximum context|"
     r"too many tokens|prompt is too long|input is too long|exceed_context",
@@ -152,7 +163,8 @@ _OVERFLOW = re.compile(
 )
 # Both run on at most _MAX_ERROR_BODY characters, in linear time.
 _OVERFLOW_LIMIT = re.compile(
-    r"(?:maximum context length is|context length \(|\bn_ctx\W{1,3})\s*(\d{3,8})(?!\d)",
+    r"(?:maximum context length (?:is|of)|context length \(|\bn_ctx\W{1,3})"
+    r"\s*(\d{3,8})(?!\d)",
     re.IGNORECASE,
 )
 
@@ -169,12 +181,59 @@ def _overflow_limit(text: str) -> int:
 
 
 class _Refused(Exception):  # noqa: N818 - internal signal, not an API error
-    """The server refused the request for a reason the admin must fix."""
+    """The server refused the request for a reason the admin must fix.
 
-    def __init__(self, status: int, detail: str) -> None:
+    ``in_stream``: said by an error event inside a 200 stream, ``status``
+    being the event's code.
+    """
+
+    def __init__(self, status: int, detail: str, in_stream: bool = False) -> None:
         super().__init__(status)
         self.status = status
         self.detail = detail
+        self.in_stream = in_stream
+
+
+def _overflow(status: int, body: str, detail: str) -> _Overflow | None:
+    """The refusal of a too-long request, if ``body`` (server text) says so."""
+    if status in (400, 413) and _OVERFLOW.search(body[:_MAX_ERROR_BODY]):
+        return _Overflow(_overflow_limit(body), detail)
+    return None
+
+
+class _Encoded(Exception):  # noqa: N818 - internal signal, not an API error
+    """A 200 reply compressed although asked for an uncompressed one."""
+
+    def __init__(self, encoding: str) -> None:
+        super().__init__(encoding)
+        self.encoding = encoding
+
+
+def _content_encoding(response: httpx.Response) -> str:
+    """The reply's ``Content-Encoding`` as sent, "" when it is none or identity."""
+    codings = response.headers.get_list("content-encoding", split_commas=True)
+    if all(coding.strip().lower() in ("", "identity") for coding in codings):
+        return ""
+    return response.headers.get("content-encoding", "")
+
+
+async def _utf8_texts(response: httpx.Response) -> AsyncIterator[str]:
+    """The reply's network reads as text: raw bytes, decoded as UTF-8.
+
+    Read raw, the reply is never inflated by the HTTP library whatever its
+    headers say (`_content_encoding` refuses a compressed one before). The
+    SSE format has one encoding, UTF-8, so a declared charset is no codec to
+    run: ``charset=zlib`` would inflate, ``hex`` crash, ``latin-1`` garble.
+    Pieces are as httpx's ``aiter_text`` gives them for a UTF-8 reply.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    async for raw in response.aiter_raw():
+        text = decoder.decode(raw)
+        if text:
+            yield text
+    rest = decoder.decode(b"", final=True)
+    if rest:
+        yield rest
 
 
 def redact(text: str, secret: str) -> str:
@@ -205,39 +264,59 @@ def _error_detail(raw: bytes) -> str:
     return str(inner)
 
 
-def _config_error_text(settings: ModelSettings, status: int) -> str:
+def _config_error_text(
+    settings: ModelSettings, status: int, in_stream: bool = False
+) -> str:
     where = f"{settings.public_base_url} (model '{settings.model}')"
+    said = f"error {status} in its stream" if in_stream else f"HTTP {status}"
     if status in (401, 403):
         text = (
-            f"The model server at {where} refused the request (HTTP {status}). "
+            f"The model server at {where} refused the request ({said}). "
             "Check the API_KEY valve (leave it empty for a local server that "
             "needs no key)."
         )
     elif status == 404:
         text = (
-            f"The model server at {where} answered HTTP 404: the model id or the "
+            f"The model server at {where} answered {said}: the model id or the "
             "URL is wrong. Check the MODEL_ID and API_BASE_URL valves (the URL "
             "usually ends in /v1)."
         )
     else:
         text = (
-            f"The model server at {where} rejected the request (HTTP {status}). "
+            f"The model server at {where} rejected the request ({said}). "
             "Check the MODEL_ID, MAX_TOKENS and sampling valves."
         )
     return text
 
 
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float; None for a boolean, NaN, 1e400 or 10**400.
+
+    Python counts a boolean as an int, and JSON may hold ``NaN``,
+    ``Infinity`` and integers too long for a float.
+    """
+    if not isinstance(value, int | float) or type(value) is bool:
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int of hundreds of digits
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _count(value: Any) -> int:
-    valid = isinstance(value, int | float) and math.isfinite(value) and value >= 0
-    return int(value) if valid else 0
+    """A token count (0 when none): no one call counts more than any context."""
+    number = _finite(value)
+    if number is None or not 0 <= number <= _MAX_CONTEXT_TOKENS:
+        return 0
+    return int(number)
 
 
 def _usage(usage: Mapping[str, Any]) -> ModelUsage:
-    cost = usage.get("cost")
     return ModelUsage(
         prompt_tokens=_count(usage.get("prompt_tokens")),
         completion_tokens=_count(usage.get("completion_tokens")),
-        cost=float(cost) if isinstance(cost, int | float) else None,
+        cost=_finite(usage.get("cost")),
     )
 
 
@@ -758,6 +837,17 @@ class SSEDecoder:
     Comment lines and lines without a ``data:`` field are skipped; a
     ``data:`` line that is not JSON means the stream is broken; ``data:
     [DONE]`` ends it.
+
+    An event with an ``error`` is read by when it comes:
+
+    - once the reply has finished (a ``finish_reason`` other than "error" in
+      this event or an earlier one) it ends nothing: the event is kept (its
+      finish, its usage) and the server's text is left in `late_error`.
+      OpenRouter reports a ``max_tokens`` cut so, after "length";
+    - before, an ``error.code`` that is a 4xx the HTTP path does not retry
+      (400-499 but 408, 409, 425, 429) refuses the request: `_Overflow` when
+      it says the request is too long, else `_Refused`;
+    - anything else (5xx, a text code, none) is a transient failure.
     """
 
     def __init__(self, max_line_chars: int = MAX_SSE_LINE_CHARS) -> None:
@@ -766,6 +856,8 @@ class SSEDecoder:
         self._pending = 0
         self._max_line = max_line_chars
         self.done = False
+        self.finished = False
+        self.late_error = ""
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """Payloads completed by ``text``."""
@@ -822,12 +914,35 @@ class SSEDecoder:
                 raise _Transient("malformed stream data")
             if type(payload) is not dict:
                 continue
+            if not self.finished:
+                # Kept inline: this runs once per streamed token until the finish.
+                choices = payload.get("choices")
+                if type(choices) is list and choices and type(choices[0]) is dict:
+                    reason = choices[0].get("finish_reason")
+                    self.finished = bool(reason) and reason != "error"
             if payload.get("error"):
-                raise _Transient(
-                    "server error in stream", detail=_stream_error(payload)
-                )
+                self._error_event(payload)
             payloads.append(payload)
         return payloads
+
+    def _error_event(self, payload: dict[str, Any]) -> None:
+        """Keep an error event after the finish; raise one before it."""
+        detail = _stream_error(payload)
+        if self.finished:
+            self.late_error = detail
+            return
+        code = _refusal_code(payload["error"])
+        if code:
+            raise _overflow(code, detail, detail) or _Refused(code, detail, True)
+        raise _Transient("server error in stream", detail=detail)
+
+
+def _refusal_code(error: Any) -> int:
+    """The 4xx code of an error event that the HTTP path would not retry (or 0)."""
+    code = error.get("code") if isinstance(error, dict) else None
+    if type(code) is not int or not 400 <= code <= 499:
+        return 0
+    return 0 if code in _TRANSIENT_STATUS else code
 
 
 def _stream_error(payload: dict[str, Any]) -> str:
@@ -903,10 +1018,18 @@ class OpenAIModelClient:
         self._redact = settings.redactor()
 
     def _headers(self) -> dict[str, str]:
+        # An uncompressed reply, whatever the admin's headers ask: a compressed
+        # one is refused unread (`_content_encoding`).
+        extra = {
+            name: value
+            for name, value in self.settings.headers.items()
+            if name.strip().lower() != "accept-encoding"
+        }
         return {
             "Accept": "text/event-stream",
-            **self.settings.headers,
+            **extra,
             **self.settings.auth_headers(),
+            "Accept-Encoding": "identity",
         }
 
     def _payload(
@@ -949,6 +1072,8 @@ class OpenAIModelClient:
                     ) from None
                 except _Refused as refused:
                     raise ModelError(self._refused(refused)) from None
+                except _Encoded as encoded:
+                    raise ModelError(self._encoded(encoded.encoding)) from None
                 except _Transient as failure:
                     reason = self._reason(failure)
                     if attempt >= attempts:
@@ -976,10 +1101,24 @@ class OpenAIModelClient:
         return self._public(failure.reason, failure.detail)
 
     def _refused(self, refused: _Refused) -> str:
-        text = _config_error_text(self.settings, refused.status)
+        text = _config_error_text(self.settings, refused.status, refused.in_stream)
         if refused.detail.strip():
             return self._public(f"{text} Server said", refused.detail)
         return self._public(text)
+
+    def _compressed(self, encoding: str) -> str:
+        """``encoding`` (server text) as shown: redacted, cut, quoted."""
+        return repr(self._redact.server_text(encoding, _SHOWN_CHARS))
+
+    def _encoded(self, encoding: str) -> str:
+        return self._public(
+            f"The model server at {self.settings.public_base_url} sent its reply "
+            f"compressed ({self._compressed(encoding)}) although the request "
+            "asked for an uncompressed one; a compressed reply is not read, as "
+            "one read of it can inflate a thousandfold. Turn off compression "
+            "for this endpoint in the proxy in front of the server, or point "
+            "API_BASE_URL at the server itself."
+        )
 
     def _overflowed(self, overflow: _Overflow) -> str:
         held = f" (it holds {overflow.limit:,} tokens)" if overflow.limit else ""
@@ -1030,10 +1169,9 @@ class OpenAIModelClient:
             async with asyncio.timeout_at(deadline):
                 response = await self._http.send(request, stream=True)
             try:
-                if response.status_code != 200:
-                    async with asyncio.timeout_at(deadline):
-                        await self._raise_for_status(response)
-                reads = response.aiter_text()
+                async with asyncio.timeout_at(deadline):
+                    await self._check_reply(response)
+                reads = _utf8_texts(response)
                 while not decoder.done:
                     async with asyncio.timeout_at(deadline):
                         text = await anext(reads, None)
@@ -1047,6 +1185,7 @@ class OpenAIModelClient:
                     received = received or isinstance(chunk, ModelDelta)
                     finished = finished or isinstance(chunk, ModelFinish)
                     yield chunk
+                self._note_late_error(decoder.late_error)
             finally:
                 await response.aclose()
         except (httpx.TimeoutException, TimeoutError):
@@ -1058,17 +1197,47 @@ class OpenAIModelClient:
         if not finished:
             raise _Transient("the stream ended before the reply was complete")
 
-    async def _raise_for_status(self, response: httpx.Response) -> None:
-        raw = bytearray()
-        async for part in response.aiter_bytes():
-            raw += part[: _MAX_ERROR_BODY + 1 - len(raw)]
-            if len(raw) > _MAX_ERROR_BODY:
-                break
+    async def _check_reply(self, response: httpx.Response) -> None:
+        """Raise unless the reply is an uncompressed 200 stream to read."""
+        encoding = _content_encoding(response)
+        if response.status_code != 200:
+            await self._raise_for_status(response, encoding)
+        if encoding:
+            raise _Encoded(encoding)
+
+    def _note_late_error(self, detail: str) -> None:
+        """Log an error event that came after the reply's finish (if any)."""
+        if detail:
+            log.info(
+                self._public(
+                    "The model server reported an error after its reply had "
+                    "finished; the reply is kept",
+                    detail,
+                )
+            )
+
+    def _note_unread_body(self, status: int, encoding: str) -> None:
+        """Log why an error reply has no server text: it came compressed."""
+        log.warning(
+            self._public(
+                f"The model server at {self.settings.public_base_url} answered "
+                f"HTTP {status} with a body compressed "
+                f"({self._compressed(encoding)}) although the request asked "
+                "for an uncompressed one; the body is not read."
+            )
+        )
+
+    async def _raise_for_status(self, response: httpx.Response, encoding: str) -> None:
+        """Raise what a non-200 reply means; a compressed body is not read."""
         status = response.status_code
-        body = raw[:_MAX_ERROR_BODY].decode("utf-8", "replace")
-        detail = _error_detail(bytes(raw[:_MAX_ERROR_BODY]))
-        if status in (400, 413) and _OVERFLOW.search(body):
-            raise _Overflow(_overflow_limit(body), detail)
+        if encoding:
+            self._note_unread_body(status, encoding)
+        raw = b"" if encoding else await _error_body(response)
+        body = raw.decode("utf-8", "replace")
+        detail = _error_detail(raw)
+        overflow = _overflow(status, body, detail)
+        if overflow:
+            raise overflow
         if status == 400 and self._send_usage_option and "stream_options" in detail:
             # Some older servers reject stream_options; ask once without it.
             self._send_usage_option = False
@@ -1076,3 +1245,13 @@ class OpenAIModelClient:
         if status in _TRANSIENT_STATUS:
             raise _Transient(f"HTTP {status}", _retry_after(response))
         raise _Refused(status, detail)
+
+
+async def _error_body(response: httpx.Response) -> bytes:
+    """The first `_MAX_ERROR_BODY` bytes of an error reply, read raw."""
+    raw = bytearray()
+    async for part in response.aiter_raw():
+        raw += part[: _MAX_ERROR_BODY - len(raw)]
+        if len(raw) >= _MAX_ERROR_BODY:
+            break
+    return bytes(raw)
