@@ -20,6 +20,7 @@ import asyncio
 import base64
 import codecs
 import contextlib
+import contextvars
 import dataclasses
 import email.utils
 import functools
@@ -625,21 +626,69 @@ def _html_to_text(html: str, base_url: str, char_limit: int) -> tuple[str, str]:
     return parser.result()
 
 
-def _pdf_to_text(data: bytes, char_limit: int) -> tuple[str, str]:
-    """Extract a PDF's text page by page with pypdf (optional dependency)."""
+class _ConversionStoppedError(BaseException):
+    """The caller of a conversion in a thread stopped waiting for it.
+
+    A BaseException, as asyncio.CancelledError: raised from inside pypdf (see
+    `_StoppableBytes`), it must not be caught by pypdf's own recovery from
+    broken files (`except Exception`).
+    """
+
+
+class _StoppableBytes(io.BytesIO):
+    """A PDF's bytes for pypdf that end the reading once `stop` is set.
+
+    pypdf reads the file lazily, object by object, with `read`: the page tree
+    (read whole before the first page: seconds for 20,000 pages) as well as
+    each page's contents. Every read is a point where a thread can stop.
+    """
+
+    def __init__(self, data: bytes, stop: "threading.Event") -> None:
+        """Serve `data` until `stop` is set."""
+        super().__init__(data)
+        self._stop = stop
+
+    def read(self, size: "int | None" = -1, /) -> bytes:
+        """`BytesIO.read`, or _ConversionStoppedError once `stop` is set."""
+        if self._stop.is_set():
+            raise _ConversionStoppedError
+        return super().read(size)
+
+
+def _pdf_to_text(
+    data: bytes, char_limit: int, stop: "threading.Event | None" = None
+) -> tuple[str, str]:
+    """Extract a PDF's text page by page with pypdf (optional dependency).
+
+    Args:
+        data: The PDF's bytes.
+        char_limit: Pages are read until their text is longer than this.
+        stop: Checked before every page and every read of the file: once set,
+            the reading ends with a `_PageError` (a thread converting the PDF
+            cannot be killed, but it stops when its caller stopped waiting).
+
+    Returns:
+        The pages' text, each under a "--- Page n ---" line, and the title.
+
+    Raises:
+        _PageError: The PDF cannot be read, has no text, or `stop` was set.
+    """
     try:
         from pypdf import PdfReader  # noqa: PLC0415  (optional dependency)
     except ImportError as exc:
         raise _PageError(
             "reading PDFs needs the optional 'pypdf' package (pip install pypdf)"
         ) from exc
+    source = io.BytesIO(data) if stop is None else _StoppableBytes(data, stop)
     try:
-        reader = PdfReader(io.BytesIO(data))
+        reader = PdfReader(source)
         if reader.is_encrypted:
             reader.decrypt("")
         pages: list[str] = []
         total = 0
         for number, page in enumerate(reader.pages, start=1):
+            if stop is not None and stop.is_set():
+                raise _ConversionStoppedError
             text = (page.extract_text() or "").strip()
             if text:
                 pages.append(f"--- Page {number} ---\n{text}")
@@ -647,6 +696,8 @@ def _pdf_to_text(data: bytes, char_limit: int) -> tuple[str, str]:
             if total > char_limit:
                 break
         title = str((reader.metadata.title if reader.metadata else "") or "").strip()
+    except _ConversionStoppedError:
+        raise _PageError("the conversion was stopped") from None
     except Exception as exc:  # pypdf raises many kinds on bad files
         raise _PageError(f"the PDF could not be read ({type(exc).__name__})") from exc
     if not pages:
@@ -822,6 +873,7 @@ def _convert(
     max_tokens: int,
     read_whole: "Callable[[str, str, int], tuple[str, str]]" = _html_to_text,
     read_main: "Callable[[str, str], str] | None" = _main_content,
+    read_pdf: "Callable[[bytes, int], tuple[str, str]]" = _pdf_to_text,
 ) -> _Page:
     """Bytes -> `_Page` (in a worker process, or a thread: never on the loop)."""
     if not raw.body or raw.body.isspace():  # no copy of a multi-MB body
@@ -834,7 +886,7 @@ def _convert(
     if kind == "pdf":
         if raw.truncated:
             raise _PageError("the PDF is larger than the download limit")
-        text, title = _pdf_to_text(raw.body, char_limit)
+        text, title = read_pdf(raw.body, char_limit)
     elif kind == "html":
         html = _decode(raw.body, raw.content_type, html=True)
         text, title, reading, page_chars = _read_html(
@@ -1087,7 +1139,7 @@ async def _convert_page(raw: _RawPage, max_tokens: int) -> _Page:
         page = await _convert_in_child(raw, max_tokens)
         if page is not None:
             return page
-    return await asyncio.to_thread(_convert_budgeted, raw, max_tokens)
+    return await _convert_in_thread(raw, max_tokens)
 
 
 def _refuse_at_once(raw: _RawPage) -> None:
@@ -1340,15 +1392,57 @@ _FALLBACK_ATTRIBUTE = re.compile(
 )
 
 
+# The stop signal of the conversion running in a thread: `_convert_in_thread`
+# sets it when its caller stops waiting. asyncio.to_thread runs a function in
+# a copy of its caller's context, so the thread finds the event here.
+_THREAD_CONVERSION_STOP: contextvars.ContextVar[threading.Event | None] = (
+    contextvars.ContextVar("visit_thread_conversion_stop", default=None)
+)
+
+
+async def _convert_in_thread(
+    raw: _RawPage,
+    max_tokens: int,
+    run_in_thread: Callable[..., Awaitable[Any]] = asyncio.to_thread,
+) -> _Page:
+    """`_convert_budgeted` in a worker thread that stops when its caller does.
+
+    A thread cannot be killed. HTML is read within hard caps; a PDF is read
+    page by page, and when this call ends (the page timed out, the chat was
+    stopped, or `_MAX_CONVERT_SECONDS` passed) the thread stops at its next
+    page instead of reading on after the tool answered.
+
+    Args:
+        raw: The page as downloaded.
+        max_tokens: The reading budget.
+        run_in_thread: Runs `func(*args)` in another thread, in a copy of the
+            current context (asyncio.to_thread; a seam for tests).
+
+    Returns:
+        The converted page.
+    """
+    stop = threading.Event()
+    context_token = _THREAD_CONVERSION_STOP.set(stop)
+    try:
+        async with asyncio.timeout(_MAX_CONVERT_SECONDS):
+            return await run_in_thread(_convert_budgeted, raw, max_tokens)
+    finally:
+        stop.set()  # done, timed out or cancelled: nothing more to read
+        _THREAD_CONVERSION_STOP.reset(context_token)
+
+
 def _convert_budgeted(raw: _RawPage, max_tokens: int) -> _Page:
     """`_convert` without a worker process (in a thread): HTML in linear time.
 
     The whole readable page, without main-content extraction: a thread cannot
     be stopped, and the library's cost is not linear in the page. PDFs still
-    go through pypdf here: only when no worker process can run at all, as
-    before there was one.
+    go through pypdf here (only when no worker process can run at all, as
+    before there was one), page by page until `_convert_in_thread`'s stop.
     """
-    return _convert(raw, max_tokens, _html_to_text_linear, read_main=None)
+    read_pdf = functools.partial(_pdf_to_text, stop=_THREAD_CONVERSION_STOP.get())
+    return _convert(
+        raw, max_tokens, _html_to_text_linear, read_main=None, read_pdf=read_pdf
+    )
 
 
 def _html_to_text_linear(html: str, base_url: str, char_limit: int) -> tuple[str, str]:
@@ -1429,6 +1523,8 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
 _NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$")
 _BAD_URL_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
+# The longest DNS name (RFC 1035, without the root dot).
+_MAX_HOST_CHARS = 253
 
 
 @dataclass(frozen=True)
@@ -1538,6 +1634,10 @@ async def _check_url(url: str, allow_private: bool) -> _Target:
     host = _ascii_host((parts.hostname or "").rstrip("."))
     if not host or "%" in host:
         raise _RefusedError("the URL has no valid host")
+    if len(host) > _MAX_HOST_CHARS:  # never resolvable, and too long to echo
+        raise _RefusedError(
+            f"the host name is longer than {_MAX_HOST_CHARS} characters"
+        )
     addresses = await _host_addresses(host)
     if not allow_private:
         blocked = [a for a in addresses if not _is_public(a)]
@@ -1908,9 +2008,11 @@ async def _fetch_builtin(first: _Target, valves: "Tools.Valves") -> _RawPage:
                     body, cut = await _read_capped(response, valves.MAX_DOWNLOAD_BYTES)
                     content_type = response.headers.get("content-type", "")
                     return _RawPage(target.url, body, content_type, cut, redirects)
-                next_url = urljoin(target.url, location)
+                next_url = _resolved(target.url, location)
             finally:
                 await response.aclose()
+            if not next_url:  # a Location no URL parser can read
+                raise _PageError("the server redirected to an invalid URL")
             redirects.append(next_url)
             target = await _check_url(next_url, valves.ALLOW_PRIVATE_URLS)
     raise _PageError(f"more than {valves.MAX_REDIRECTS} redirects")
