@@ -161,12 +161,13 @@ def test_escape_sequences_from_the_model_and_a_page_never_reach_stderr(
     assert "  → Searching: photosynth" in lines  # and the clear screen
     assert "  │ Read it." in lines  # 8-bit CSI and OSC too
     assert f"  + [1] Solar Notes <{hostile.page}>" in lines  # the clipboard write
-    # Piped stdout is data, like an answer file: the answer is kept as written
-    # (in the list of sources, Markdown escapes the title's "]").
+    # Piped stdout is data, like an answer file: the answer is kept as written;
+    # the list of sources shows titles without control characters (Markdown
+    # escapes the title's "]").
     assert done.stdout == (
         f"{hostile_answer(hostile.page).removesuffix(')).')}) [1]).\n\n"
         "**Sources read**\n\n"
-        f"1. [Solar\x1b\\]52;c;cm0gLXJmIH4=\x07 Notes]({hostile.page})\n"
+        f"1. [Solar\\]52;c;cm0gLXJmIH4= Notes]({hostile.page})\n"
     )
 
 
@@ -200,12 +201,12 @@ def test_on_a_terminal_the_answer_is_shown_without_control_sequences(hostile, tm
 
     assert status == 0, shown
     assert UNSAFE.findall(shown) == []
-    # Markdown's escape of the title's "]" made the clipboard write's "ESC ]"
-    # an "ESC \\" (a string terminator): its payload is left as plain text.
+    # The title's control characters are gone before Markdown escapes its "]"
+    # (else the escape made the clipboard write's "ESC ]" an "ESC \\").
     assert shown.endswith(
         f"\nLight becomes energy \u2028([notes]({hostile.page}) [1]).\n\n"
         "**Sources read**\n\n"
-        f"1. [Solar]52;c;cm0gLXJmIH4= Notes]({hostile.page})\n"
+        f"1. [Solar\\]52;c;cm0gLXJmIH4= Notes]({hostile.page})\n"
     )
 
 
