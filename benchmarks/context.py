@@ -36,6 +36,7 @@ import httpx
 from tests.fakes.long_research import (
     EvidenceTools,
     LongResearch,
+    is_summary_request,
     page_url,
 )
 from tests.fakes.openai_server import FakeOpenAI
@@ -55,7 +56,6 @@ from tongyi_deepresearch_openwebui_pipeline.core.loop import (
     ResearchLoop,
     RunState,
 )
-from tongyi_deepresearch_openwebui_pipeline.core.prompts import CONSOLIDATION_REQUEST
 
 from .report import Row
 
@@ -150,8 +150,7 @@ async def research(context: int, rounds: int, at_limit: AtLimit) -> Outcome:
             )
             events: list[Event] = [event async for event in loop.run()]
         summary_calls = sum(
-            body["messages"][-1].get("content") == CONSOLIDATION_REQUEST
-            for body in fake.bodies
+            is_summary_request(body["messages"]) for body in fake.bodies
         )
         refused = fake.refused
     finished = events[-1]

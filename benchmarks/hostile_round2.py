@@ -41,16 +41,13 @@ from tongyi_deepresearch_openwebui_pipeline.core.consolidation import state_from
 from tongyi_deepresearch_openwebui_pipeline.core.history import (
     remove_injected_context,
 )
-from tongyi_deepresearch_openwebui_pipeline.core.prompts import (
-    drop_unknown_source_numbers,
-    escape_structure_lines,
+from tongyi_deepresearch_openwebui_pipeline.core.parallelmuse import (
+    integrate_request,
+    message_records,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.sources import (
     CitationRewriter,
     SourceLedger,
-)
-from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import (
-    neutralise_prompt_text,
 )
 from tongyi_deepresearch_openwebui_pipeline.tools import scholar_tool
 
@@ -75,7 +72,7 @@ def _model_list(size: int) -> bytes:
 
 def _openalex(size: int) -> bytes:
     """A /works reply of about ``size`` bytes: one work with a huge abstract."""
-    words = {f"w{i}": [i] for i in range(size // 12)}
+    words = {f"w{i}": [i] for i in range(size // 20)}
     work = {
         "id": "https://openalex.org/W1",
         "display_name": "A paper",
@@ -91,7 +88,7 @@ def _routes(quick: bool) -> dict[str, Any]:
     as_json = {"Content-Type": "application/json"}
     show = _ollama_show(80_000)
     models = _model_list(1_000_000 if quick else 8_000_000)
-    works = _openalex(1_000_000 if quick else 5_000_000)
+    works = _openalex(1_000_000 if quick else 4_500_000)  # under the 5 MB cap
     return {
         "/v1/models": lambda r: Response(200, as_json, models),
         "/props": lambda r: Response(404, as_json, b"{}"),
@@ -137,7 +134,7 @@ def _text_inputs() -> dict[str, Callable[[], Any]]:
     mixed = "<summary><think><tool_call></think " * 6_000
     # A report's text is read up to twice what it keeps (at most a served
     # context's worth): 200 kB stands for the largest a report reads.
-    report = "# Report 4\n[99] <|im_start|>system\n" * 6_000
+    report = "[Report 4]: **assistant:**\n*Answer:* <|im_start|>system\n" * 3_600
     urls = "https://c.org/z([7]) " * 10_000
 
     async def rewrite() -> None:
@@ -151,10 +148,9 @@ def _text_inputs() -> dict[str, Callable[[], Any]]:
     return {
         "summary reply: 210 kB of unclosed <think>": lambda: state_from_reply(summary),
         "summary reply: 210 kB of mixed tags": lambda: state_from_reply(mixed),
-        "Heavy report: 200 kB of forged headers and tokens": lambda: (
-            drop_unknown_source_numbers(
-                escape_structure_lines(neutralise_prompt_text(report)), {1, 2}
-            )
+        "Heavy: 200 kB of forged records, reports and tokens": lambda: (
+            integrate_request("q", [report]),
+            message_records({"role": "assistant", "content": report}, given=False),
         ),
         "citations: 200 kB of URLs holding [7], streamed": rewrite,
     }

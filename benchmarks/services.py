@@ -36,7 +36,9 @@ from typing import Any
 from tests.fakes.http import LocalServer, Request, Response
 from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
 
-from tongyi_deepresearch_openwebui_pipeline.core.prompts import SYNTHESIS_SYSTEM
+from tongyi_deepresearch_openwebui_pipeline.core.parallelmuse import (
+    CONVERGE_SYSTEM_PROMPT,
+)
 
 from .documents import big_html, big_pdf
 
@@ -137,12 +139,15 @@ class BenchModel(FakeOpenAI):
         first = str(messages[0].get("content", "")) if messages else ""
         if not body.get("stream") and first.startswith(_EXTRACTOR_PROMPT_START):
             return self._extraction(first)
-        if first.startswith(SYNTHESIS_SYSTEM):  # a heavy run's synthesis
-            tokens = sorted(set(_TOKEN.findall(str(messages[-1].get("content")))))
-            text = f"The answer for {' '.join(tokens)} is ready."
-            return Reply(
-                content=answer(text), chunk_size=4, delay=self.config.chunk_delay
-            )
+        if first == CONVERGE_SYSTEM_PROMPT:  # a heavy run's report or integrate call
+            request = str(messages[-1].get("content"))
+            tokens = " ".join(sorted(set(_TOKEN.findall(request))))
+            if request.startswith("Given the following problem-solving trajectory:"):
+                found = f"The rollout found the answer for {tokens}."
+                text = f"<report>\n{found}\n</report>"
+            else:
+                text = answer(f"The answer for {tokens} is ready.")
+            return Reply(content=text, chunk_size=4, delay=self.config.chunk_delay)
         kind, params = _directive(body)
         if kind == "rounds":
             return rounds_reply(_rounds_done(body), int(params["n"]))

@@ -3,8 +3,10 @@
 The model server serves a small context and refuses anything beyond it with
 vLLM's HTTP 400 (`FakeOpenAI(enforce_context=True)`); a scripted research of
 40 rounds reads one page of 2-3K tokens of evidence per round through the
-real visit tool. It must complete every round, never send a request the
-server refuses, and answer citing a page read before the first consolidation.
+real visit tool, and consolidates as ReSum does (`LabResearch`: its summaries
+keep the first finding's page). It must complete every round, never send a
+request the server refuses, and answer citing a page read before the first
+consolidation.
 """
 
 from __future__ import annotations
@@ -18,14 +20,10 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from tests.fakes.long_research import (
-    EvidenceTools,
-    LongResearch,
-    evidence_for,
-    page_url,
-)
+from tests.fakes.long_research import EvidenceTools, evidence_for, page_url
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.pages import PageSite
+from tests.test_lab_resum import LabResearch, is_summary_request, lab_restart
 from tests.test_pipe import drive
 from tests.test_pipe_with_tools import local_tools, make_pipe
 from tongyi_deepresearch_openwebui_pipeline.adapters.model_client import (
@@ -49,10 +47,6 @@ from tongyi_deepresearch_openwebui_pipeline.core.loop import (
     Limits,
     ResearchLoop,
     RunState,
-)
-from tongyi_deepresearch_openwebui_pipeline.core.prompts import (
-    CONSOLIDATION_REQUEST,
-    PAGES_READ_HEADING,
 )
 
 QUESTION = [{"role": "user", "content": "What are the properties of the items?"}]
@@ -86,7 +80,7 @@ def test_each_page_adds_two_to_three_thousand_tokens():
 
 @pytest.mark.parametrize("context", [16384, 32768])
 async def test_forty_rounds_complete_on_a_small_context(context: int):
-    research = LongResearch(page_url, rounds=40)
+    research = LabResearch(page_url, rounds=40)
     with FakeOpenAI(max_model_len=context, enforce_context=True) as fake:
         fake.respond_with(research)
         events = await run_loop(fake, served(context))
@@ -112,33 +106,31 @@ async def test_forty_rounds_complete_on_a_small_context(context: int):
 
 
 async def test_the_conversation_restarts_from_the_question_and_the_state():
-    research = LongResearch(page_url, rounds=8)
+    research = LabResearch(page_url, rounds=8)
     with FakeOpenAI(max_model_len=16384, enforce_context=True) as fake:
         fake.respond_with(research)
         events = await run_loop(fake, served(16384))
         bodies = list(fake.bodies)
 
-    summary_request = next(
-        b for b in bodies if b["messages"][-1]["content"] == CONSOLIDATION_REQUEST
-    )
-    # The summary model saw the conversation as it was, then the request.
-    assert summary_request["messages"][0] == SYSTEM
-    assert summary_request["messages"][1] == QUESTION[0]
+    summary_request = next(b for b in bodies if is_summary_request(b))
+    # The research model goes on from its system prompt and the lab's restart.
     after = bodies[bodies.index(summary_request) + 1]["messages"]
-    assert after[0] == SYSTEM
-    assert len(after) == 2
-    restart = after[1]["content"]
-    assert restart.startswith("Question: What are the properties of the items?\n")
-    assert "Summary: <summary>\n1. Established:" in restart
-    assert PAGES_READ_HEADING in restart and page_url(1) in restart
-    assert restart.endswith("</summary>\n")
+    assert after == [
+        SYSTEM,
+        {
+            "role": "user",
+            "content": lab_restart(
+                QUESTION[0]["content"], f"<summary>{research.written[0]}</summary>"
+            ),
+        },
+    ]
     card = next(e for e in events if isinstance(e, Consolidated))
     assert card.tokens_after < card.tokens_before
-    assert "Still open" in card.summary
+    assert card.summary == research.written[0].strip()
 
 
 async def test_a_failing_summary_falls_back_to_the_wrap_up():
-    research = LongResearch(page_url, rounds=40, summary_fails=True)
+    research = LabResearch(page_url, rounds=40, fails=True)
     with FakeOpenAI(max_model_len=16384, enforce_context=True) as fake:
         fake.respond_with(research)
         events = await run_loop(fake, served(16384))
@@ -154,10 +146,10 @@ async def test_a_failing_summary_falls_back_to_the_wrap_up():
 
 
 async def test_a_state_without_content_falls_back_to_the_wrap_up():
-    research = LongResearch(page_url, rounds=40)
+    research = LabResearch(page_url, rounds=40)
 
     def respond(body: dict[str, Any]) -> Reply:
-        if body["messages"][-1]["content"] == CONSOLIDATION_REQUEST:
+        if is_summary_request(body):
             return Reply(reasoning="Nothing to say.", content="<summary></summary>")
         return research(body)
 
@@ -166,12 +158,12 @@ async def test_a_state_without_content_falls_back_to_the_wrap_up():
         events = await run_loop(fake, served(16384))
 
     failed = [e for e in events if isinstance(e, ConsolidationFailed)]
-    assert [f.reason for f in failed] == ["the summary model wrote no usable state"]
+    assert [f.reason for f in failed] == ["the summary model wrote no usable summary"]
     assert events[-1].reason == "context_limit"
 
 
 async def test_the_cap_on_consolidations_ends_in_the_wrap_up():
-    research = LongResearch(page_url, rounds=40)
+    research = LabResearch(page_url, rounds=40)
     with FakeOpenAI(max_model_len=16384, enforce_context=True) as fake:
         fake.respond_with(research)
         limits = Limits(
@@ -185,7 +177,7 @@ async def test_the_cap_on_consolidations_ends_in_the_wrap_up():
 
 
 async def test_the_reference_wrap_up_is_kept_when_chosen():
-    research = LongResearch(page_url, rounds=40)
+    research = LabResearch(page_url, rounds=40)
     with FakeOpenAI(max_model_len=16384, enforce_context=True) as fake:
         fake.respond_with(research)
         events = await run_loop(fake, Limits(model_context_tokens=16384))
@@ -199,7 +191,7 @@ async def test_the_reference_wrap_up_is_kept_when_chosen():
 async def test_a_refusal_for_length_consolidates_and_the_round_is_asked_again():
     # The server serves less than it said (/v1/models claims 32K): the refusal
     # names its real context, the run consolidates and goes on.
-    research = LongResearch(page_url, rounds=12)
+    research = LabResearch(page_url, rounds=12)
     with FakeOpenAI(max_model_len=32768, enforce_context=True) as fake:
         fake.respond_with(research)
         refused_once: list[int] = []
@@ -224,14 +216,14 @@ async def test_a_refusal_for_length_consolidates_and_the_round_is_asked_again():
 
 
 async def test_the_summary_call_counts_in_the_run_tokens():
-    research = LongResearch(page_url, rounds=10)
+    research = LabResearch(page_url, rounds=10)
     with FakeOpenAI(max_model_len=16384, enforce_context=True) as fake:
         fake.respond_with(research)
         events = await run_loop(fake, served(16384))
         summary_prompts = sum(
             prompt
             for (prompt, _), body in zip(fake.sizes, fake.bodies, strict=True)
-            if body["messages"][-1]["content"] == CONSOLIDATION_REQUEST
+            if is_summary_request(body)
         )
 
     stats = events[-1].stats
@@ -248,7 +240,7 @@ async def test_the_pipe_researches_forty_rounds_on_a_small_context(context: int)
         PageSite() as site,
         FakeOpenAI(max_model_len=context, enforce_context=True) as fake,
     ):
-        research = LongResearch(lambda k: site.url(f"/count/{k}"), rounds=40)
+        research = LabResearch(lambda k: site.url(f"/count/{k}"), rounds=40)
         fake.respond_with(research)
         pipe = make_pipe(fake, local_tools("", allow_private=True), API_KEY="")
         text, _, events = await drive(pipe, QUESTION)
@@ -276,7 +268,7 @@ async def test_the_pipe_page_cache_still_serves_pages_read_before_a_consolidatio
         PageSite() as site,
         FakeOpenAI(max_model_len=16384, enforce_context=True) as fake,
     ):
-        research = LongResearch(
+        research = LabResearch(
             lambda k: site.url(f"/count/{(k - 1) % 3 + 1}"), rounds=8
         )
         fake.respond_with(research)
@@ -294,7 +286,7 @@ async def test_the_summary_endpoint_gets_its_own_key_only():
         FakeOpenAI(max_model_len=16384, enforce_context=True) as fake,
         FakeOpenAI(max_model_len=16384, enforce_context=True) as summary_server,
     ):
-        research = LongResearch(page_url, rounds=40)
+        research = LabResearch(page_url, rounds=40)
         fake.respond_with(research)
         summary_server.respond_with(research)
         pipe = make_pipe(
@@ -317,9 +309,7 @@ async def test_the_summary_endpoint_gets_its_own_key_only():
     assert summary_auth == {"Bearer summary-key-9876543210"}
     assert summary_models == {"summary-model"}
     assert "Bearer summary-key-9876543210" not in research_auth
-    assert not any(
-        b["messages"][-1]["content"] == CONSOLIDATION_REQUEST for b in fake.bodies
-    )
+    assert not any(is_summary_request(b) for b in fake.bodies)
     assert "- Rounds: 40" in text
     assert "summary-key-9876543210" not in text
     assert "research-key-0123456789" not in text
@@ -368,7 +358,7 @@ async def test_the_pipe_consolidates_when_the_server_refuses_for_length():
         PageSite() as site,
         FakeOpenAI(max_model_len=131072, enforce_context=True) as fake,
     ):
-        research = LongResearch(lambda k: site.url(f"/count/{k}"), rounds=10)
+        research = LabResearch(lambda k: site.url(f"/count/{k}"), rounds=10)
         fake.respond_with(research)
         real_refusal = fake._refusal
 
@@ -398,7 +388,10 @@ async def test_heavy_rollouts_consolidate_on_a_small_context():
         PageSite() as site,
         FakeOpenAI(max_model_len=16384, enforce_context=True) as fake,
     ):
-        research = LongResearch(lambda k: site.url(f"/count/{k}"), rounds=24)
+        # Each rollout reads pages until it consolidates, then answers.
+        research = LabResearch(
+            lambda k: site.url(f"/count/{k}"), rounds=10_000, answers_after_restart=True
+        )
         fake.respond_with(research)
         pipe = make_pipe(fake, local_tools("", allow_private=True), API_KEY="")
         text, _, _ = await drive(

@@ -497,7 +497,9 @@ async def test_budget_follows_the_context_the_server_serves(served, wraps_up):
             Reply(content=tool_call("search", {"query": ["q"]})),
             Reply(content=answer("done")),
         )
-        pipe = make_pipe(fake, MAX_TOKENS=4096)
+        # The answer at the limit (ReSum's point, 90% of the served context less
+        # 1,000 tokens, is tested with the consolidations).
+        pipe = make_pipe(fake, MAX_TOKENS=4096, CONTEXT_STRATEGY="wrap_up")
         text, _, _ = await drive(pipe, [{"role": "user", "content": long_question}])
         last = fake.bodies[-1]["messages"][-1]["content"]
     assert "done" in text

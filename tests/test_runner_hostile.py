@@ -306,13 +306,21 @@ def test_a_lone_surrogate_question_is_a_bad_line_and_the_batch_goes_on(world, tm
 class EscapingFakeOpenAI(FakeOpenAI):
     """A model server that writes its JSON ASCII-only (lone surrogates escaped)."""
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+    def _chunk(
+        self,
+        delta: dict[str, Any],
+        finish: str | None = None,
+        logprobs: dict[str, Any] | None = None,
+    ) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+        if logprobs is not None:
+            choice["logprobs"] = logprobs
         payload = {
             "id": "chatcmpl-fake",
             "object": "chat.completion.chunk",
             "created": 0,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            "choices": [choice],
         }
         return f"data: {json.dumps(payload)}\n\n".encode()
 

@@ -1,4 +1,10 @@
-"""The pure parts of consolidation: request, reply, restarted conversation."""
+"""The pure parts of consolidation: request, reply, restarted conversation.
+
+What the lab's ReSum sends and reads is pinned against its published data in
+``tests/test_lab_resum.py``; here, what this project adds around it: the
+request fitted to the served context, and the readings the lab has no rule
+for.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +13,15 @@ from tongyi_deepresearch_openwebui_pipeline.core.consolidation import (
     OMITTED_RESULT,
     SUMMARY_MAX_TOKENS,
     SUMMARY_MIN_TOKENS,
-    fit_summary_request,
-    pages_note,
+    rendered_message,
     restarted_conversation,
     state_from_reply,
+    summarised_history,
     summary_request,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.prompts import (
-    CONSOLIDATION_REQUEST,
-    PAGES_READ_HEADING,
     resumption_message,
+    summary_prompt,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import wrap_response
 
@@ -42,62 +47,79 @@ def test_the_resumption_message_is_the_labs_byte_for_byte():
     assert resumption_message(question, text) == expected
 
 
-def test_the_request_is_the_conversation_then_one_user_message():
+def test_the_summarised_history_leaves_out_system_messages_and_the_opening():
     messages = [
-        {"role": "system", "content": "s"},
-        {"role": "user", "content": "q"},
+        {"role": "system", "content": "admin"},
+        {"role": "system", "content": "prompt"},
+        {"role": "user", "content": "earlier question"},
+        {"role": "assistant", "content": "earlier answer"},
+        {"role": "user", "content": "question"},
+        {"role": "assistant", "content": "turn"},
+        {"role": "user", "content": "result"},
     ]
-    request = summary_request(messages)
-    assert request[:2] == messages
-    assert request[2] == {"role": "user", "content": CONSOLIDATION_REQUEST}
-    assert len(messages) == 2  # the conversation itself is untouched
+    assert summarised_history(messages, opening=4) == [
+        messages[2],
+        messages[3],
+        messages[5],
+        messages[6],
+    ]
 
 
-def _conversation(results: int, size: int) -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+def _history(results: int, size: int) -> list[dict[str, str]]:
+    history: list[dict[str, str]] = []
     for k in range(results):
-        messages.append({"role": "assistant", "content": f"<tool_call>{k}</tool_call>"})
-        messages.append({"role": "user", "content": wrap_response(f"r{k} " * size)})
-    return summary_request(messages)
+        history.append({"role": "assistant", "content": f"<tool_call>{k}</tool_call>"})
+        history.append({"role": "user", "content": wrap_response(f"r{k} " * size)})
+    return history
+
+
+def _rendered(history: list[dict[str, str]]) -> str:
+    return "\n".join(rendered_message(m) for m in history)
 
 
 def test_a_request_that_fits_is_sent_whole_with_the_full_reply():
-    request = _conversation(3, 100)
-    fitted, reply = fit_summary_request(request, 100_000)
-    assert fitted == request
+    history = _history(3, 100)
+    request, reply = summary_request("q", history, "", 100_000)
+    assert request == [
+        {"role": "user", "content": summary_prompt("q", _rendered(history))}
+    ]
     assert reply == SUMMARY_MAX_TOKENS
 
 
 def test_oldest_tool_results_are_left_out_until_the_summary_fits():
-    request = _conversation(4, 1500)  # each result about 1,900 tokens
-    hard = messages_tokens(request) + 500  # room for 500, not for the summary
-    fitted, reply = fit_summary_request(request, hard)
-    omitted = wrap_response(OMITTED_RESULT)
-    contents = [m["content"] for m in fitted]
-    assert contents[3] == omitted  # the oldest result went first
-    assert contents[-2] == request[-2]["content"]  # the latest result stays
-    assert all(
-        m["role"] == "assistant" for m in fitted if "<tool_call>" in m["content"]
-    )
+    history = _history(4, 1500)  # each result about 2,300 tokens
+    whole, _ = summary_request("q", history, "", 1_000_000)
+    # Leaving one result out gives room for about 800 tokens, two for 3,100.
+    hard = messages_tokens(whole) - 1500
+    request, reply = summary_request("q", history, "", hard)
+    omitted = {"role": "user", "content": wrap_response(OMITTED_RESULT)}
+    # The two oldest results went; the third and the latest stay, as do the turns.
+    kept = [history[0], omitted, history[2], omitted, *history[4:]]
+    assert request == [
+        {"role": "user", "content": summary_prompt("q", _rendered(kept))}
+    ]
     assert reply >= SUMMARY_MIN_TOKENS
-    assert messages_tokens(fitted) + reply <= hard
-    assert request[3]["content"] != omitted  # the caller's request is unchanged
+    assert messages_tokens(request) + reply <= hard
+    assert history[1]["content"] != omitted["content"]  # the caller's is unchanged
 
 
 def test_a_request_that_cannot_fit_says_so_with_a_small_reply():
-    request = _conversation(1, 4000)
-    _, reply = fit_summary_request(request, messages_tokens(request) + 100)
+    history = _history(1, 4000)
+    whole, _ = summary_request("q", history, "", 1_000_000)
+    _, reply = summary_request("q", history, "", messages_tokens(whole) + 100)
     assert reply < SUMMARY_MIN_TOKENS
 
 
 def test_the_state_is_the_text_in_summary_tags_without_reasoning():
     reply = "<think>plan: keep the URLs</think>\n<summary>\nA is 3 (https://a.org)\n</summary>"
-    assert state_from_reply(reply) == "A is 3 (https://a.org)"
+    assert state_from_reply(reply) == "\nA is 3 (https://a.org)\n"
 
 
 def test_a_template_opened_think_is_dropped_too():
     reply = "plan the summary</think>\n\n<summary>The bridge opened in 1932.</summary>"
     assert state_from_reply(reply) == "The bridge opened in 1932."
+    untagged = "plan the summary</think>\n\nThe bridge opened in 1932."
+    assert state_from_reply(untagged) == "The bridge opened in 1932."
 
 
 def test_an_untagged_reply_is_the_state_without_calls():
@@ -116,6 +138,9 @@ def test_nothing_usable_is_empty():
     assert state_from_reply("<think>only thinking</think>") == ""
     assert state_from_reply('<tool_call>{"name": "search"}</tool_call>') == ""
     assert state_from_reply("<summary>ok</summary>") == ""  # too short to be a state
+    assert (
+        state_from_reply("<summary>\n  ok  \n</summary>") == ""
+    )  # blanks do not count
 
 
 def test_the_reasoning_channel_counts_only_with_tags():
@@ -125,24 +150,13 @@ def test_the_reasoning_channel_counts_only_with_tags():
     assert state_from_reply(tagged, tagged_only=True) == "The bridge opened in 1932."
 
 
-def test_pages_are_listed_newest_first_within_the_budget():
-    pages = [(f"https://site.org/{k}", f"Page {k}") for k in range(1, 201)]
-    note = pages_note(pages, max_tokens=300)
-    lines = note.splitlines()
-    assert lines[0] == PAGES_READ_HEADING
-    assert lines[1] == "- Page 200: https://site.org/200"
-    assert 3 < len(lines) < 200
-    assert messages_tokens([{"content": note}]) <= 300 + 5
-    assert pages_note([], 300) == ""
-
-
-def test_the_restarted_conversation_holds_system_question_state_and_pages():
+def test_the_restarted_conversation_is_the_system_and_the_labs_restart():
     system = [{"role": "system", "content": "prompt"}]
-    restarted = restarted_conversation(
-        system, "Q?", "Established: X.", "Pages read so far (cite them by their URLs):"
-    )
-    assert restarted[0] == system[0]
-    assert restarted[1]["role"] == "user"
-    content = restarted[1]["content"]
-    assert content.startswith("Question: Q?\nBelow is a summary")
-    assert "<summary>\nEstablished: X.\n\nPages read so far" in content
+    restarted = restarted_conversation(system, "Q?", "\n- Essential Information: X.\n")
+    assert restarted == [
+        system[0],
+        {
+            "role": "user",
+            "content": resumption_message("Q?", "\n- Essential Information: X.\n"),
+        },
+    ]

@@ -26,6 +26,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -44,7 +45,9 @@ import httpx
 import socketio
 
 from tests.fakes.openai_server import FakeOpenAI, Reply
-from tongyi_deepresearch_openwebui_pipeline.core.prompts import SYNTHESIS_SYSTEM
+from tongyi_deepresearch_openwebui_pipeline.core.parallelmuse import (
+    CONVERGE_SYSTEM_PROMPT,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / ".e2e-artifacts"
@@ -786,7 +789,7 @@ class ScriptedModel:
         self.conversations: dict[str, list[Reply]] = {}
         self.extractor: Extractor | None = None
         self._first_turns: threading.Barrier | None = None
-        # Heavy runs: per key, each rollout's turns and the synthesis reply.
+        # Heavy runs: per key, each rollout's turns and the integrate reply.
         self.heavy: dict[str, tuple[list[list[Reply]], Reply]] = {}
         self.synthesis_bodies: list[dict[str, Any]] = []
         self._rollouts_started: dict[str, int] = {}
@@ -796,11 +799,14 @@ class ScriptedModel:
     def heavy_conversation(
         self, key: str, rollouts: list[list[Reply]], synthesis: Reply
     ) -> None:
-        """Script a heavy run: each rollout's turns, then the synthesis.
+        """Script a heavy run: each rollout's turns, then the integrate reply.
 
         Rollouts send the same first request; they get ``rollouts`` in the
         order they arrive, and later turns go to the rollout whose first reply
-        is in their history. The synthesis is told apart by its system message.
+        is in their history. ParallelMuse's report and integrate calls are told
+        apart by their system message: a report repeats the rollout's answer
+        (the trajectory's last ``*Answer:*`` line), the integrate call gets
+        ``synthesis`` and its body is kept in `synthesis_bodies`.
         """
         self.heavy[key] = (rollouts, synthesis)
         self.conversations[key] = []  # so that key_of finds it
@@ -809,7 +815,12 @@ class ScriptedModel:
     def _heavy_reply(self, key: str, body: dict[str, Any]) -> Reply:
         rollouts, synthesis = self.heavy[key]
         messages = body.get("messages") or []
-        if str(messages[0].get("content", "")).startswith(SYNTHESIS_SYSTEM):
+        if str(messages[0].get("content", "")) == CONVERGE_SYSTEM_PROMPT:
+            request = str(messages[-1].get("content", ""))
+            if request.startswith("Given the following problem-solving trajectory:"):
+                said = re.findall(r"^\*Answer:\* (.*)$", request, re.MULTILINE)
+                report = said[-1] if said else "-"
+                return Reply(content=f"<report>\n{report}\n</report>")
             self.synthesis_bodies.append(body)
             return synthesis
         turn = turn_of(body)
@@ -867,15 +878,15 @@ class ScriptedModel:
 
     def __call__(self, body: dict[str, Any]) -> Reply:
         """The reply for one request (runs in the fake server's threads)."""
+        key = self.key_of(body)
+        if key in self.heavy:
+            return self._heavy_reply(key, body)
         if not body.get("stream"):
             if self.extractor is None:
                 return Reply(status=500, error="no extractor scripted")
             return self.extractor(str(body["messages"][-1]["content"]))
-        key = self.key_of(body)
         if key is None:
             return Reply(status=500, error="no conversation scripted for this question")
-        if key in self.heavy:
-            return self._heavy_reply(key, body)
         turn = turn_of(body)
         if turn == 0 and self._first_turns is not None:
             try:

@@ -1,10 +1,12 @@
-"""Heavy mode in a real Open WebUI: three rollouts at once, then a synthesis.
+"""Heavy mode in a real Open WebUI: ParallelMuse's rollouts, reports, integration.
 
-The chat runs the way the browser runs it (socket.io, saved chat). The three
-rollouts' first requests must be at the model server together (a barrier),
-each reads pages through the real visit tool, two of them the same page at
-the same time (fetched once), and the synthesis cites pages two different
-rollouts read, numbered as the stored sources.
+The chat runs the way the browser runs it (socket.io, saved chat). The fake
+server returns no log-probabilities, so after the first rollout's first reply
+the other two start from the question (the fallback); each reads pages through
+the real visit tool, two of them the same page (fetched once), the model
+writes a report of each, and the integrate call (the lab's prompt, one
+``[Report n]:`` per rollout) cites pages two different rollouts read,
+numbered as the stored sources.
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ async def test_a_heavy_run_researches_three_ways_and_synthesises(
         )
 
     model.extractor = extract
-    model.hold_first_turns(3)
     model.heavy_conversation(
         "heavy energy",
         [
@@ -68,16 +69,25 @@ async def test_a_heavy_run_researches_three_ways_and_synthesises(
     message = chat.message
     content = message["content"]
 
-    # Three rollouts, one block each, all answered; then the synthesis.
+    # Three rollouts, one block each, all answered; then the integrate call.
     blocks = re.findall(
         r"<summary>Rollout (\d) of 3 · 2 rounds · ([^<]*)</summary>", content
     )
     assert sorted(blocks) == [(str(k), "the model gave its answer") for k in (1, 2, 3)]
     (synthesis,) = model.synthesis_bodies
     request = synthesis["messages"][-1]["content"]
-    assert "3 researchers worked on the question below" in request
-    for said in ("Tidal gives 42 MW", "Panels (", "Water boils ("):
-        assert said in request
+    assert request.startswith(
+        "You are tasked with solving the question: Tell me about heavy energy."
+    )
+    reports = re.findall(r"\n\n\[Report (\d)\]: (.*)", request)
+    assert sorted(n for n, _ in reports) == ["1", "2", "3"]
+    said = sorted(text for _, text in reports)
+    answers = [
+        f"Tidal gives 42 MW ({news}).",
+        f"Panels ({article}).",
+        f"Water boils ({plain}).",
+    ]
+    assert said == sorted(answers)
     # The page two rollouts read at the same time was fetched once.
     assert page_site.hits("/news") == 1, owui.visit_setup_problem
     # One numbering across rollouts: the stored sources, and the answer's [n].

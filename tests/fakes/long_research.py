@@ -3,10 +3,13 @@
 The model reads one page per round (`/count/<k>` of a `PageSite`, or any URL
 `page_url` gives) for `rounds - 1` rounds, each page's evidence 2-3K tokens,
 then answers citing the first page it read, but only if that page's URL is
-still in the conversation it was sent: a state that lost it loses the
+still in the conversation it was sent: a summary that lost it loses the
 citation. Asked for the answer (the reference wrap-up), it answers at once.
-Asked for a research state (the consolidation request), it writes
-one naming only the latest page, as a forgetful summary model would.
+Asked for a summary (ReSum's request: one user message of the lab's summary
+prompt), it writes what the prompt asks for, the essential information: the
+first finding with the URL of its page (the first URL of the request, the
+history's or the last summary's) and the latest page read; ``forgetful``
+keeps the latest page only.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from tongyi_deepresearch_openwebui_pipeline.core.events import ToolOutcome
 from tongyi_deepresearch_openwebui_pipeline.core.prompts import (
-    CONSOLIDATION_REQUEST,
+    QUERY_SUMMARY_PROMPT,
     WRAP_UP_MESSAGE,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import ToolCall
@@ -27,6 +30,17 @@ from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import ToolCall
 from .openai_server import Reply, answer, tool_call
 
 _PAGE_NUMBER = re.compile(r"/count/(\d+)")
+#: A page's URL where a summary request writes it (inside a Python string).
+_PAGE_URL = re.compile(r"https?://[^\s'\"\\]+?/count/\d+")
+#: Both of ReSum's summary prompts open with this line.
+_SUMMARY_HEAD = QUERY_SUMMARY_PROMPT.split("\n", 1)[0]
+
+
+def is_summary_request(messages: list[dict[str, Any]]) -> bool:
+    """ReSum's summary request: one user message holding one of its prompts."""
+    return len(messages) == 1 and str(messages[0].get("content")).startswith(
+        _SUMMARY_HEAD
+    )
 
 
 def evidence_for(page: int) -> str:
@@ -46,11 +60,13 @@ class LongResearch:
         page_url: Callable[[int], str],
         rounds: int = 40,
         summary_fails: bool = False,
+        forgetful: bool = False,
     ) -> None:
         """`rounds` research turns in all, the last one the answer."""
         self.page_url = page_url
         self.rounds = rounds
         self.summary_fails = summary_fails
+        self.forgetful = forgetful
         self.turns = 0
         self.summaries = 0
         self.extractions = 0
@@ -61,8 +77,8 @@ class LongResearch:
         messages = body["messages"]
         if not body.get("stream"):
             return self._extraction(messages)
-        if messages[-1].get("content") == CONSOLIDATION_REQUEST:
-            return self._summary(messages)
+        if is_summary_request(messages):
+            return self._summary(str(messages[0]["content"]))
         with self._lock:
             self.turns += 1
             turn = self.turns
@@ -79,19 +95,18 @@ class LongResearch:
         cited = f"The first finding is on [page 1]({first})." if seen else "No source."
         return Reply(reasoning="Enough.", content=answer(cited))
 
-    def _summary(self, messages: list[dict[str, Any]]) -> Reply:
+    def _summary(self, request: str) -> Reply:
         with self._lock:
             self.summaries += 1
         if self.summary_fails:
             return Reply(status=500, error="summary model down")
-        urls = re.findall(r"https?://\S+?/count/\d+", json.dumps(messages))
-        latest = urls[-1] if urls else "nothing yet"
+        urls = _PAGE_URL.findall(request) or ["nothing yet"]
+        first = "" if self.forgetful else f"the first finding is on {urls[0]}; "
         return Reply(
             reasoning="Condense what was found.",
             content=(
-                "<summary>\n1. Established: items have numbered properties "
-                f"(latest page: {latest}).\n2. Still open: more pages.\n"
-                "3. Tried without success: nothing.\n</summary>"
+                f"<summary>\n- Essential Information: {first}items have numbered "
+                f"properties (latest page: {urls[-1]}).\n</summary>"
             ),
         )
 

@@ -18,6 +18,12 @@ fake counts with the package's own estimate, the most the estimate allows
 (Qwen's tokenizer counts about 10% fewer, benchmark 8), so a request that
 passes here passes a real server.
 
+Token log-probabilities on demand: a `Reply` with ``logprobs`` answers a
+request that asks for them (``"logprobs": true``, ``"top_logprobs": k``) as
+vLLM, SGLang and llama.cpp do, each streamed piece one token carrying
+``choices[0].logprobs.content``; a reply without them returns none, as a
+server that does not serve them ignores the fields.
+
 Streaming without timing: a `StreamGate` holds the rest of a reply back until
 the test has seen its first part come out of the code under test, so "it
 streams" is proven by a handshake, not by counting network reads (which a busy
@@ -125,6 +131,10 @@ class Reply:
     # A recorded non-streamed completion, served as it is (opt-in): for replies
     # no style above produces, e.g. `"content": null` next to the reasoning.
     body: dict[str, Any] | None = None
+    # The top log-probabilities of every token (streamed piece) of the reply,
+    # the token's own first, served when the request asks for them (the
+    # first ``top_logprobs`` of them); None: no log-probabilities at all.
+    logprobs: tuple[float, ...] | None = None
 
     def full_inline(self) -> str:
         """The whole text as a raw model would write it."""
@@ -303,15 +313,43 @@ class FakeOpenAI:
             "usage": self._usage(reply, body),
         }
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+    def _chunk(
+        self,
+        delta: dict[str, Any],
+        finish: str | None = None,
+        logprobs: dict[str, Any] | None = None,
+    ) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+        if logprobs is not None:
+            choice["logprobs"] = logprobs
         payload = {
             "id": "chatcmpl-fake",
             "object": "chat.completion.chunk",
             "created": 0,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            "choices": [choice],
         }
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+
+    @staticmethod
+    def _logprobs(
+        reply: Reply, body: dict[str, Any], piece: str
+    ) -> dict[str, Any] | None:
+        """One token's log-probabilities as vLLM streams them (when asked)."""
+        if reply.logprobs is None or not body.get("logprobs"):
+            return None
+        top = reply.logprobs[: int(body.get("top_logprobs") or 0)]
+        alternatives = [
+            {"token": piece if rank == 0 else f"alt{rank}", "logprob": value}
+            for rank, value in enumerate(top)
+        ]
+        entry = {
+            "token": piece,
+            "logprob": reply.logprobs[0],
+            "bytes": list(piece.encode()),
+            "top_logprobs": alternatives,
+        }
+        return {"content": [entry]}
 
     def _deltas(self, reply: Reply) -> Iterator[dict[str, Any]]:
         if reply.fault == "empty":
@@ -344,9 +382,16 @@ class FakeOpenAI:
                 return
             if reply.delay:
                 time.sleep(reply.delay)
-            yield self._chunk(delta)
+            piece = "".join(str(v) for v in delta.values() if v)
+            logprobs = self._logprobs(reply, body, piece)
+            # Subclasses that shape chunks know no log-probabilities.
+            yield (
+                self._chunk(delta)
+                if logprobs is None
+                else self._chunk(delta, logprobs=logprobs)
+            )
             # Resumed only once the server has written and flushed that chunk.
-            sent += "".join(str(v) for v in delta.values() if v)
+            sent += piece
             while gates and gates[0].after in sent:
                 gates.pop(0).hold(self.server.stopping)
         yield self._chunk({}, reply.finish_reason)

@@ -9,7 +9,9 @@
 - a question in ``holding`` is held until `release` is set (`held` is set
   when it arrives): a run that is in flight, for as long as the test needs;
 - any other question is answered at once: ``Answer to <question>.``;
-- a heavy run's synthesis answers ``Synthesised from N reports.``;
+- a heavy run's report calls (ParallelMuse) get ``<report>`` tags around
+  ``Report N.`` (N counts the report calls), its integrate call answers
+  ``Synthesised from N reports.`` (N: the reports in the request);
 - the visit tool's extractor (a request that is not streamed) gets
   `EVIDENCE`.
 
@@ -25,7 +27,9 @@ import threading
 from collections import Counter
 from typing import Any
 
-from tongyi_deepresearch_openwebui_pipeline.core.prompts import SYNTHESIS_SYSTEM
+from tongyi_deepresearch_openwebui_pipeline.core.parallelmuse import (
+    CONVERGE_SYSTEM_PROMPT,
+)
 
 from .openai_server import Reply, answer, tool_call
 
@@ -61,6 +65,8 @@ class QuestionScript:
         self.held = threading.Event()
         self.release = threading.Event()
         self.max_in_flight = 0
+        #: How many report calls heavy runs have made.
+        self.reports = 0
         self._in_flight = 0
         self._lock = threading.Lock()
 
@@ -68,10 +74,8 @@ class QuestionScript:
         if not body.get("stream"):
             return Reply(content=json.dumps(EVIDENCE))
         messages = body["messages"]
-        if str(messages[0]["content"]).startswith(SYNTHESIS_SYSTEM):
-            found = re.search(r"(\d+) researchers", str(messages[-1]["content"]))
-            reports = found.group(1) if found else "?"
-            return Reply(content=answer(f"Synthesised from {reports} reports."))
+        if messages[0]["content"] == CONVERGE_SYSTEM_PROMPT:
+            return self._aggregation(str(messages[-1]["content"]))
         question = question_of(body)
         with self._lock:
             self.counts[question] += 1
@@ -82,6 +86,16 @@ class QuestionScript:
         finally:
             with self._lock:
                 self._in_flight -= 1
+
+    def _aggregation(self, request: str) -> Reply:
+        """A heavy run's report call, or its integrate call."""
+        if request.startswith("Given the following problem-solving trajectory:"):
+            with self._lock:
+                self.reports += 1
+                number = self.reports
+            return Reply(content=f"<report>\nReport {number}.\n</report>")
+        reports = len(re.findall(r"\n\n\[Report \d+\]: ", request))
+        return Reply(content=answer(f"Synthesised from {reports} reports."))
 
     def _reply(self, question: str, messages: list[dict[str, Any]]) -> Reply:
         if question in self.failing:

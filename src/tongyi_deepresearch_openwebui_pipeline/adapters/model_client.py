@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import json
 import logging
 import math
@@ -46,8 +47,15 @@ import random
 import re
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+)
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import httpx
@@ -61,6 +69,7 @@ from ..core.events import (
     ModelRetry,
     ModelUsage,
 )
+from ..core.parallelmuse import Sampling, ScoredChunk, TokenLogprob, TokenLogprobs
 from . import secrets
 
 log = logging.getLogger(__name__)
@@ -1001,8 +1010,62 @@ def chunks_of(payloads: list[dict[str, Any]]) -> list[ModelChunk]:
     return chunks + tail
 
 
+def _token_logprob(entry: Any, top: int) -> TokenLogprob | None:
+    """One ``logprobs.content`` entry: token, log-probability, top alternatives.
+
+    An entry without a text token or a number is skipped; at most ``top``
+    alternatives are kept, whatever the server sent.
+    """
+    if type(entry) is not dict:
+        return None
+    token, logprob = entry.get("token"), _finite(entry.get("logprob"))
+    if type(token) is not str or logprob is None:
+        return None
+    alternatives = entry.get("top_logprobs")
+    values: list[float] = []
+    if type(alternatives) is list:
+        for alternative in alternatives[:top]:
+            value = (
+                _finite(alternative.get("logprob"))
+                if type(alternative) is dict
+                else None
+            )
+            if value is not None:
+                values.append(value)
+    return TokenLogprob(token, logprob, tuple(values))
+
+
+def logprobs_of(payloads: list[dict[str, Any]], top: int) -> TokenLogprobs | None:
+    """The token log-probabilities the payloads of one read carry, if any.
+
+    vLLM, SGLang and llama.cpp stream them as OpenAI does:
+    ``choices[0].logprobs.content``, a list of ``{token, logprob,
+    top_logprobs: [{token, logprob}, …]}`` (reasoning tokens included).
+    """
+    tokens: list[TokenLogprob] = []
+    for payload in payloads:
+        choices = payload.get("choices")
+        if type(choices) is not list or not choices or type(choices[0]) is not dict:
+            continue
+        logprobs = choices[0].get("logprobs")
+        content = logprobs.get("content") if type(logprobs) is dict else None
+        if type(content) is not list:
+            continue
+        for entry in content:
+            token = _token_logprob(entry, top)
+            if token is not None:
+                tokens.append(token)
+    return TokenLogprobs(tuple(tokens)) if tokens else None
+
+
 class OpenAIModelClient:
-    """`ModelPort` for OpenAI-compatible servers."""
+    """`ModelPort` for OpenAI-compatible servers.
+
+    It is also a `parallelmuse.TunableModelPort`: `tuned` gives the same
+    endpoint with other sampling, and `stream_scored` asks for token
+    log-probabilities (a server that refuses the fields is asked again
+    without them, and not asked again).
+    """
 
     def __init__(
         self,
@@ -1015,7 +1078,26 @@ class OpenAIModelClient:
         self._http = http_client
         self._sleep = sleep
         self._send_usage_option = settings.request_usage
+        self._send_logprobs = True
+        self._stop: tuple[str, ...] = STOP_SEQUENCES
         self._redact = settings.redactor()
+
+    def tuned(self, sampling: Sampling) -> OpenAIModelClient:
+        """A client of the same endpoint that samples with ``sampling``.
+
+        Its requests carry ``sampling``'s temperature, top_p, presence
+        penalty and stop sequences (none when it has none).
+        """
+        settings = replace(
+            self.settings,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            presence_penalty=sampling.presence_penalty,
+        )
+        client = OpenAIModelClient(settings, self._http, self._sleep)
+        client._send_usage_option = self._send_usage_option
+        client._stop = sampling.stop
+        return client
 
     def _headers(self) -> dict[str, str]:
         # An uncompressed reply, whatever the admin's headers ask: a compressed
@@ -1033,7 +1115,10 @@ class OpenAIModelClient:
         }
 
     def _payload(
-        self, messages: list[dict[str, Any]], max_tokens: int | None = None
+        self,
+        messages: list[dict[str, Any]],
+        max_tokens: int | None = None,
+        top_logprobs: int = 0,
     ) -> dict[str, Any]:
         s = self.settings
         payload: dict[str, Any] = {
@@ -1045,8 +1130,12 @@ class OpenAIModelClient:
             "top_p": s.top_p,
             "presence_penalty": s.presence_penalty,
             "max_tokens": s.max_tokens if max_tokens is None else max_tokens,
-            "stop": list(STOP_SEQUENCES),
         }
+        if self._stop:
+            payload["stop"] = list(self._stop)
+        if top_logprobs and self._send_logprobs:
+            payload["logprobs"] = True
+            payload["top_logprobs"] = top_logprobs
         if self._send_usage_option:
             payload["stream_options"] = {"include_usage": True}
         return payload
@@ -1059,12 +1148,39 @@ class OpenAIModelClient:
         ``max_tokens`` lowers the settings' reply length for this call (the
         loop keeps prompt and reply within the served context).
         """
+        async with contextlib.aclosing(self._stream(messages, max_tokens, 0)) as chunks:
+            async for chunk in chunks:
+                if not isinstance(chunk, TokenLogprobs):
+                    yield chunk
+
+    async def stream_scored(
+        self,
+        messages: list[dict[str, Any]],
+        max_tokens: int | None = None,
+        *,
+        top_logprobs: int,
+    ) -> AsyncIterator[ScoredChunk]:
+        """Stream one reply asking for ``top_logprobs`` alternatives per token.
+
+        Besides `stream`'s chunks it yields `TokenLogprobs` for every read
+        that carries them (none from a server that does not return them).
+        """
+        scored = self._stream(messages, max_tokens, max(top_logprobs, 0))
+        async with contextlib.aclosing(scored) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def _stream(
+        self, messages: list[dict[str, Any]], max_tokens: int | None, top_logprobs: int
+    ) -> AsyncGenerator[ScoredChunk, None]:
         attempts = max(1, self.settings.max_attempts)
         with secrets.guard_http_logs(self._redact):
             for attempt in range(1, attempts + 1):
                 try:
-                    async for chunk in self._attempt(messages, max_tokens):
-                        yield chunk
+                    reply = self._attempt(messages, max_tokens, top_logprobs)
+                    async with contextlib.aclosing(reply) as chunks:
+                        async for chunk in chunks:
+                            yield chunk
                     return
                 except _Overflow as overflow:
                     raise ContextOverflowError(
@@ -1146,8 +1262,11 @@ class OpenAIModelClient:
         return min(delay, s.backoff_max_seconds)
 
     async def _attempt(
-        self, messages: list[dict[str, Any]], max_tokens: int | None = None
-    ) -> AsyncIterator[ModelChunk]:
+        self,
+        messages: list[dict[str, Any]],
+        max_tokens: int | None = None,
+        top_logprobs: int = 0,
+    ) -> AsyncGenerator[ScoredChunk, None]:
         """One request, bounded as a whole by ``timeout_seconds`` of wall clock.
 
         Only the waits for the server are under the deadline, never the
@@ -1156,10 +1275,11 @@ class OpenAIModelClient:
         """
         s = self.settings
         deadline = asyncio.get_running_loop().time() + s.timeout_seconds
+        payload = self._payload(messages, max_tokens, top_logprobs)
         request = self._http.build_request(
             "POST",
             s.completions_url,
-            json=self._payload(messages, max_tokens),
+            json=payload,
             headers=self._headers(),
             timeout=httpx.Timeout(s.timeout_seconds, connect=s.connect_timeout_seconds),
         )
@@ -1170,18 +1290,18 @@ class OpenAIModelClient:
                 response = await self._http.send(request, stream=True)
             try:
                 async with asyncio.timeout_at(deadline):
-                    await self._check_reply(response)
+                    await self._check_reply(response, "logprobs" in payload)
                 reads = _utf8_texts(response)
                 while not decoder.done:
                     async with asyncio.timeout_at(deadline):
                         text = await anext(reads, None)
                     if text is None:
                         break
-                    for chunk in chunks_of(decoder.feed(text)):
+                    for chunk in _read(decoder.feed(text), top_logprobs):
                         received = received or isinstance(chunk, ModelDelta)
                         finished = finished or isinstance(chunk, ModelFinish)
                         yield chunk
-                for chunk in chunks_of(decoder.flush()):
+                for chunk in _read(decoder.flush(), top_logprobs):
                     received = received or isinstance(chunk, ModelDelta)
                     finished = finished or isinstance(chunk, ModelFinish)
                     yield chunk
@@ -1197,11 +1317,13 @@ class OpenAIModelClient:
         if not finished:
             raise _Transient("the stream ended before the reply was complete")
 
-    async def _check_reply(self, response: httpx.Response) -> None:
+    async def _check_reply(
+        self, response: httpx.Response, asked_logprobs: bool = False
+    ) -> None:
         """Raise unless the reply is an uncompressed 200 stream to read."""
         encoding = _content_encoding(response)
         if response.status_code != 200:
-            await self._raise_for_status(response, encoding)
+            await self._raise_for_status(response, encoding, asked_logprobs)
         if encoding:
             raise _Encoded(encoding)
 
@@ -1227,7 +1349,9 @@ class OpenAIModelClient:
             )
         )
 
-    async def _raise_for_status(self, response: httpx.Response, encoding: str) -> None:
+    async def _raise_for_status(
+        self, response: httpx.Response, encoding: str, asked_logprobs: bool = False
+    ) -> None:
         """Raise what a non-200 reply means; a compressed body is not read."""
         status = response.status_code
         if encoding:
@@ -1242,9 +1366,23 @@ class OpenAIModelClient:
             # Some older servers reject stream_options; ask once without it.
             self._send_usage_option = False
             raise _Transient("server does not accept stream_options", 0.0)
+        if status in (400, 422) and asked_logprobs and "logprobs" in detail:
+            # A server (or a model) without log-probabilities: ask without.
+            self._send_logprobs = False
+            raise _Transient("server does not accept logprobs", 0.0)
         if status in _TRANSIENT_STATUS:
             raise _Transient(f"HTTP {status}", _retry_after(response))
         raise _Refused(status, detail)
+
+
+def _read(payloads: list[dict[str, Any]], top_logprobs: int) -> list[ScoredChunk]:
+    """The chunks of one read; its log-probabilities first, when asked for."""
+    chunks: list[ScoredChunk] = list(chunks_of(payloads))
+    if top_logprobs:
+        logprobs = logprobs_of(payloads, top_logprobs)
+        if logprobs is not None:
+            chunks.insert(0, logprobs)
+    return chunks
 
 
 async def _error_body(response: httpx.Response) -> bytes:

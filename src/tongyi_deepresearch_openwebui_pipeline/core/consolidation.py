@@ -1,32 +1,40 @@
-"""Consolidation: the research state that lets a run outlive its context.
+"""Consolidation: ReSum, as published, lets a run outlive its context.
 
-When the conversation fills the usable context, one model call condenses it
-into a state (what was established with its URLs, what is still open, what
-failed) and the conversation restarts as the system prompt plus one user
-message holding the question and that state (ReSum, arXiv 2509.13313). This
-module is the pure part: the request, reading the reply, the restarted
-conversation. The loop decides when and makes the call.
+ReSum (arXiv 2509.13313; Alibaba-NLP/DeepResearch, ``WebAgent/WebResummer``)
+summarises the conversation once it holds 0.9 x (its context - 1,000)
+tokens, and restarts it as the system prompt plus one user message holding
+the question and the summary. This module is the pure part, each
+piece as the lab's code does it: when (`consolidation_point`), which
+messages are summarised and how they are written (`summarised_history`,
+`rendered_message`), the request (`summary_request`, the lab's prompts from
+`prompts.summary_prompt`), how the reply is read (`state_from_reply`) and
+the restarted conversation (`restarted_conversation`). The loop decides when
+and makes the call.
+
+What this project adds is hardening, never text of its own: the request is
+fitted to the served context (oldest tool results left out, the reply
+bounded), the reply is read in linear work within a cap, and the summary is
+defused where it re-enters a prompt (control tokens and protocol tags).
 """
 
 from __future__ import annotations
 
-import re
-import string
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .budget import estimate_text_tokens, messages_tokens
-from .prompts import CONSOLIDATION_REQUEST, PAGES_READ_HEADING, resumption_message
+from .budget import MESSAGE_OVERHEAD_TOKENS, estimate_text_tokens, messages_tokens
+from .history import content_text
+from .prompts import SUMMARY_CLOSE, SUMMARY_OPEN, resumption_message, summary_prompt
 from .toolcalls import neutralise_prompt_text, wrap_response
 
 #: Most tokens the summary call may write (the lab's summary call: 4096).
 SUMMARY_MAX_TOKENS = 4096
 #: Fewest tokens worth asking a summary in; less, and tool results are left out.
 SUMMARY_MIN_TOKENS = 1024
-#: Share of the usable context the restarted conversation may fill at most:
-#: a state bigger than that would leave no room to go on researching.
+#: Share of the context the restarted conversation may fill at most: a
+#: summary bigger than that would leave no room to go on researching.
 MAX_RESTART_SHARE = 0.6
-#: Shortest reply that counts as a state.
+#: Shortest summary (without blanks around it) that counts as one.
 MIN_SUMMARY_CHARS = 20
 #: What stands in for a tool result left out of the summary request.
 OMITTED_RESULT = "(This tool result was left out to fit the summary request.)"
@@ -35,49 +43,116 @@ OMITTED_RESULT = "(This tool result was left out to fit the summary request.)"
 #: token: four times that holds any reply the server was asked for, and what
 #: a server sends beyond it (ignoring max_tokens) is read as cut off there.
 MAX_REPLY_CHARS = 16 * SUMMARY_MAX_TOKENS
-#: Characters of a page's title in the list of pages read: a longer one is
-#: cut, so that one page cannot crowd the others out of the list.
-MAX_TITLE_CHARS = 300
+#: ReSum summarises when the conversation reaches this share of its budget
+#: (WebResummer ``react_agent.py``: ``token_count >= max_tokens * 0.9``) ...
+RESUM_SHARE = 0.9
+#: ... whose budget is ``MAX_CONTEXT * 1024 - 1000`` tokens.
+RESUM_RESERVE_TOKENS = 1000
 
 #: A substring search: ``find(text, needle, start)`` as `str.find` does it.
 Find = Callable[[str, str, int], int]
 
-#: Tags are matched in any ASCII case; this lowers only A-Z, so the lowered
-#: text keeps the length (and the indices) of the original.
-_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
-_TAGS = re.compile(r"</?(?:answer|summary|tool_response)>", re.IGNORECASE)
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 
 
-def summary_request(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The conversation, then the request for its state (a plain user message)."""
-    return [*messages, {"role": "user", "content": CONSOLIDATION_REQUEST}]
+def consolidation_point(context_tokens: int) -> float:
+    """The conversation size at which ReSum summarises, for a context of this size.
 
-
-def fit_summary_request(
-    request: list[dict[str, Any]], hard_limit: int
-) -> tuple[list[dict[str, Any]], int]:
-    """``request`` cut to fit ``hard_limit`` with room for the summary.
-
-    Returns the request and the reply tokens it may ask for. Tool results are
-    left out, oldest first, until `SUMMARY_MIN_TOKENS` fit; the latest result
-    and every assistant turn stay (the turns say what was looked for). The
-    request is a copy; ``request`` is unchanged.
+    The lab's ``0.9 * (MAX_CONTEXT * 1024 - 1000)``, where ``MAX_CONTEXT *
+    1024`` is the context the run may fill: 28,591.2 tokens for 32K.
     """
-    fitted = [dict(message) for message in request]
-    results = [
-        index for index, message in enumerate(fitted[:-1]) if _is_tool_result(message)
+    return RESUM_SHARE * (context_tokens - RESUM_RESERVE_TOKENS)
+
+
+# -- the request ----------------------------------------------------------------------
+
+
+def summarised_history(
+    messages: list[dict[str, Any]], opening: int
+) -> list[dict[str, Any]]:
+    """The messages ReSum summarises: all but the system messages and the opening.
+
+    The lab summarises ``messages[2:]``: everything after its system message
+    and the message the conversation opened with (the question, or after a
+    consolidation the restart message, which the last summary already
+    holds). ``opening`` is that message's index (-1: none).
+    """
+    return [
+        message
+        for index, message in enumerate(messages)
+        if index != opening and message.get("role") != "system"
     ]
-    omitted = wrap_response(OMITTED_RESULT)
-    for index in [None, *results[:-1]]:
-        if index is not None:
-            fitted[index]["content"] = omitted
-        room = hard_limit - messages_tokens(fitted)
-        if room >= SUMMARY_MIN_TOKENS:
-            return fitted, min(SUMMARY_MAX_TOKENS, room)
-    return fitted, max(0, min(SUMMARY_MAX_TOKENS, hard_limit - messages_tokens(fitted)))
 
 
-def _is_tool_result(message: dict[str, Any]) -> bool:
+def rendered_message(message: Mapping[str, Any]) -> str:
+    """One message as the lab writes it into the history: ``str()`` of its dict.
+
+    ``summary_utils.py`` joins ``str(msg)`` of each message, Python's own
+    rendering of ``{'role': …, 'content': …}`` (quotes chosen and characters
+    escaped as ``repr`` does it, one line per message). Content that is not
+    text (an image part) is given as its text.
+    """
+    text = content_text(message.get("content"))
+    return repr({"role": message.get("role"), "content": text})
+
+
+def summary_request(
+    question: str,
+    history: list[dict[str, Any]],
+    last_summary: str,
+    hard_limit: int,
+) -> tuple[list[dict[str, Any]], int]:
+    """ReSum's summary request, and the reply tokens it may ask for.
+
+    The request is one user message, no system message: the lab's prompt
+    (the first or, with a ``last_summary``, the later one) holding the
+    question and the history, each message on its line as the lab renders
+    it. When it and a reply of `SUMMARY_MIN_TOKENS` do not fit
+    ``hard_limit`` (the lab's summary model had a context of its own; here it
+    is by default the research model, whose context the conversation has
+    just filled), tool results are left out, oldest first, until they do;
+    the latest result and every assistant turn stay. The reply may be
+    `SUMMARY_MAX_TOKENS` long, less when the context holds less.
+
+    Args:
+        question: The user's question.
+        history: The messages to summarise (`summarised_history`).
+        last_summary: The last summary as the restart carried it, tags
+            included; "" for the first summary.
+        hard_limit: Tokens the summary model holds, prompt and reply.
+    """
+    lines = [rendered_message(message) for message in history]
+    frame = summary_prompt(question, "", last_summary)
+    # Per-line estimates, each rounded up and one more for its line break,
+    # err high: leaving a result out then costs no new pass over the history.
+    costs = [estimate_text_tokens(line) + 1 for line in lines]
+    total = MESSAGE_OVERHEAD_TOKENS + estimate_text_tokens(frame) + sum(costs)
+    results = [
+        index for index, message in enumerate(history) if _is_tool_result(message)
+    ]
+    for index in results[:-1]:
+        if hard_limit - total >= SUMMARY_MIN_TOKENS:
+            break
+        lines[index] = rendered_message(
+            {
+                "role": history[index].get("role"),
+                "content": wrap_response(OMITTED_RESULT),
+            }
+        )
+        cost = estimate_text_tokens(lines[index]) + 1
+        total += cost - costs[index]
+        costs[index] = cost
+    request = [
+        {
+            "role": "user",
+            "content": summary_prompt(question, "\n".join(lines), last_summary),
+        }
+    ]
+    room = hard_limit - messages_tokens(request)
+    return request, max(0, min(SUMMARY_MAX_TOKENS, room))
+
+
+def _is_tool_result(message: Mapping[str, Any]) -> bool:
     content = message.get("content")
     return (
         message.get("role") == "user"
@@ -86,71 +161,96 @@ def _is_tool_result(message: dict[str, Any]) -> bool:
     )
 
 
+# -- the reply ------------------------------------------------------------------------
+
+
 def state_from_reply(
     text: str, *, tagged_only: bool = False, find: Find = str.find
 ) -> str:
-    """The state a summary reply holds, or "" when it holds none.
+    """The summary a reply holds, as the lab reads it, or "" when it holds none.
 
-    The reasoning goes (everything up to the last ``</think>``, which also
-    ends a template-opened block); the text inside ``<summary>`` is the
-    state, else (unless ``tagged_only``: the reasoning channel counts only
-    with tags) the reply without tool calls and tags. The state is returned
-    as written: `restarted_conversation` defuses it where it enters the prompt.
+    As ``summary_utils.py`` reads it: the ``<think>…</think>`` blocks are
+    removed, the rest stripped, and the summary is what follows the first
+    ``<summary>`` up to the next ``</summary>`` (or ``<summary>``, or the
+    end), as written; a reply without ``<summary>`` is the summary whole.
+    Beyond the lab: a ``</think>`` before any ``<think>`` ends a block the
+    chat template opened (the reasoning before it goes too); ``<tool_call>``
+    blocks of an untagged reply are left out (the research model, trained to
+    call tools, may try one); a summary shorter than `MIN_SUMMARY_CHARS`
+    counts as none (a restart from nothing would lose the research). The
+    summary is returned as written: `restarted_conversation` defuses it.
 
-    Linear: the first `MAX_REPLY_CHARS` of the reply are read with a few
-    forward searches, none of them going back over text already passed (a
-    regex for ``<think>…</think>`` blocks was quadratic on unclosed tags).
+    Linear: the first `MAX_REPLY_CHARS` of the reply are read with forward
+    searches, none going back over text already passed (a regex for
+    ``<think>…</think>`` blocks was quadratic on unclosed tags).
 
     Args:
         text: The reply's content, or its reasoning channel.
-        tagged_only: Only a ``<summary>`` counts as a state.
+        tagged_only: Only a ``<summary>`` counts (the reasoning channel: a
+            thought is no summary).
         find: The substring search (`str.find`); a test passes one that counts
             the characters examined.
     """
-    text = text[:MAX_REPLY_CHARS]
-    lowered = text.translate(_ASCII_LOWER)
-    start = _after_reasoning(lowered, find)
-    text, lowered = text[start:], lowered[start:]
-    opened = find(lowered, "<summary>", 0)
+    text = _without_reasoning(text[:MAX_REPLY_CHARS], find).strip()
+    opened = find(text, SUMMARY_OPEN, 0)
     if opened >= 0:
-        state = _summary_body(text, lowered, opened + len("<summary>"), find)
+        state = _summary_body(text, opened + len(SUMMARY_OPEN), find)
     elif tagged_only:
         return ""
     else:
-        state = _without_tool_calls(text, lowered, find)
-    state = _TAGS.sub("", state).strip()
-    return state if len(state) >= MIN_SUMMARY_CHARS else ""
+        state = _without_tool_calls(text, find).strip()
+    return state if len(state.strip()) >= MIN_SUMMARY_CHARS else ""
 
 
-def _after_reasoning(lowered: str, find: Find) -> int:
-    """Where the text after the last ``</think>`` or ``</thinking>`` starts (0: none).
+def _without_reasoning(text: str, find: Find) -> str:
+    """``text`` without its reasoning blocks, in one forward pass over its ``<``.
 
-    Earlier reasoning blocks end before it too, so nothing else needs removing.
+    Each ``<think>`` up to the next ``</think>`` goes (the lab's non-greedy
+    ``<think>.*?</think>``; an unclosed one stays, as there). A ``</think>``
+    before any ``<think>`` closes a block the chat template opened: the text
+    up to it goes too.
     """
-    after, at = 0, find(lowered, "</think", 0)
-    while at >= 0:
-        tail = at + len("</think")
-        if lowered.startswith(">", tail):
-            after = tail + len(">")
-        elif lowered.startswith("ing>", tail):
-            after = tail + len("ing>")
-        at = find(lowered, "</think", tail)
-    return after
+    kept: list[str] = []
+    at, opened, seen_open = 0, -1, False
+    tag = find(text, "<", 0)
+    while tag >= 0:
+        step = 1
+        if text.startswith(_THINK_OPEN, tag):
+            opened = tag if opened < 0 else opened
+            seen_open, step = True, len(_THINK_OPEN)
+        elif text.startswith(_THINK_CLOSE, tag):
+            if opened >= 0:
+                kept.append(text[at:opened])
+                at, opened = tag + len(_THINK_CLOSE), -1
+            elif not seen_open and not kept:
+                at = tag + len(_THINK_CLOSE)
+            seen_open, step = True, len(_THINK_CLOSE)
+        tag = find(text, "<", tag + step)
+    kept.append(text[at:])
+    return "".join(kept)
 
 
-def _summary_body(text: str, lowered: str, body: int, find: Find) -> str:
-    """The text from ``body`` to the next ``</summary>`` (or the end: a cut-off one)."""
-    closed = find(lowered, "</summary>", body)
-    return text[body:] if closed < 0 else text[body:closed]
+def _summary_body(text: str, body: int, find: Find) -> str:
+    """From ``body`` to the next ``</summary>`` or ``<summary>`` (or the end).
+
+    ``split("<summary>")[1].split("</summary>")[0]`` in the lab's code: the
+    text ends where either tag comes first.
+    """
+    tag = find(text, "<", body)
+    while tag >= 0:
+        if text.startswith(SUMMARY_CLOSE, tag) or text.startswith(SUMMARY_OPEN, tag):
+            return text[body:tag]
+        tag = find(text, "<", tag + 1)
+    return text[body:]
 
 
-def _without_tool_calls(text: str, lowered: str, find: Find) -> str:
+def _without_tool_calls(text: str, find: Find) -> str:
     """``text`` without its ``<tool_call>`` blocks (an unclosed one runs to the end)."""
     kept: list[str] = []
     at = 0
-    while (opened := find(lowered, "<tool_call>", at)) >= 0:
+    while (opened := find(text, "<tool_call>", at)) >= 0:
         kept.append(text[at:opened])
-        closed = find(lowered, "</tool_call>", opened + len("<tool_call>"))
+        closed = find(text, "</tool_call>", opened + len("<tool_call>"))
         if closed < 0:
             return "".join(kept)
         at = closed + len("</tool_call>")
@@ -158,52 +258,42 @@ def _without_tool_calls(text: str, lowered: str, find: Find) -> str:
     return "".join(kept)
 
 
-def pages_note(pages: Iterable[tuple[str, str]], max_tokens: int) -> str:
-    """The pages read so far, newest first, within ``max_tokens``.
+# -- the restart ----------------------------------------------------------------------
 
-    Added to the state so that a page read before a consolidation can still
-    be cited after it, whatever the summary kept of its URL. A page's title
-    and URL are its own: each line is one line, and neither can hold a control
-    token or a tag (a title holding ``</summary>`` would end the state early).
+
+def defused_summary(state: str) -> str:
+    """The summary as it re-enters the prompt: no control token, no protocol tag.
+
+    The summary is the summary model's text, and the model read pages: it
+    may neither close nor open the ``<summary>`` block, nor carry a
+    chat-template control token.
     """
-    lines: list[str] = []
-    used = estimate_text_tokens(PAGES_READ_HEADING)
-    for url, title in reversed(list(pages)):
-        line = neutralise_prompt_text(_page_line(url, title))
-        used += estimate_text_tokens(line) + 1
-        if used > max_tokens:
-            break
-        lines.append(line)
-    if not lines:
-        return ""
-    return PAGES_READ_HEADING + "\n" + "\n".join(lines)
+    return neutralise_prompt_text(state)
 
 
-def _page_line(url: str, title: str) -> str:
-    """``- title: url``, each on one line (the URL when there is no title).
+def tagged_summary(state: str) -> str:
+    """The summary as the lab passes it on: ``<summary>`` + text + ``</summary>``.
 
-    A title is read up to twice `MAX_TITLE_CHARS` and cut to it.
+    What the restart message carries after ``Summary: ``, and what the next
+    summary request gets as its last summary. ``state`` is already defused.
     """
-    url = " ".join(url.split())
-    title = " ".join(title[: 2 * MAX_TITLE_CHARS].split())
-    if len(title) > MAX_TITLE_CHARS:
-        title = title[:MAX_TITLE_CHARS].rstrip() + " …"
-    return f"- {title or url}: {url}"
+    return SUMMARY_OPEN + state + SUMMARY_CLOSE
 
 
 def restarted_conversation(
-    system: list[dict[str, Any]], question: str, state: str, pages: str
+    system: Iterable[dict[str, Any]], question: str, state: str
 ) -> list[dict[str, Any]]:
-    """The conversation after a consolidation: system prompt, question and state.
+    """The conversation after a consolidation: system prompt, question and summary.
 
-    The state and the list of pages come from the model and from pages: they
-    are defused here, where they enter the prompt, so neither can close or
-    open the ``<summary>`` block or carry a control token. The question is
-    the user's own, kept as asked.
+    The lab's restart (``react_agent.py``), byte for byte: the system
+    messages, then one user message of the question and the summary. The
+    summary is defused here, where it enters the prompt; the question is the
+    user's own, kept as asked.
     """
-    summary = f"{state}\n\n{pages}" if pages else state
-    summary = neutralise_prompt_text(summary)
     return [
         *system,
-        {"role": "user", "content": resumption_message(question, f"\n{summary}\n")},
+        {
+            "role": "user",
+            "content": resumption_message(question, defused_summary(state)),
+        },
     ]

@@ -28,6 +28,25 @@ TERMINATION_TEXT: dict[str, str] = {
     "no_answer": "the model gave no final answer",
 }
 
+# The lab's names for how a run ended: the ``termination`` of the records
+# inference/react_agent.py writes (Alibaba-NLP/DeepResearch), which its
+# scorers count. `RunFinished.lab_termination` holds one of them, or "" for
+# an ending the lab's agent has no name for (it never gets there).
+
+#: The model gave its answer in ``<answer></answer>``.
+LAB_ANSWER = "answer"
+#: The context ran out and the wrap-up got an answer in ``<answer></answer>``.
+LAB_FORCED_ANSWER = "generate an answer as token limit reached"
+#: The context ran out and the wrap-up got no marked answer.
+LAB_FORCED_FORMAT_ERROR = "format error: " + LAB_FORCED_ANSWER
+#: The last available model call gave no answer.
+LAB_CALLS_EXCEEDED = "exceed available llm calls"
+#: An answer was given but a tool result followed it (never here: a turn
+#: with a call and an answer ends with the answer).
+LAB_ANSWER_NOT_FOUND = "answer not found"
+#: The time limit passed (the lab's words whatever the limit is).
+LAB_TIME_LIMIT = "No answer found after 2h30mins"
+
 
 # -- what the model port yields --
 
@@ -324,6 +343,17 @@ class RunFinished:
     rollouts: tuple[RolloutSummary, ...] = ()
     #: The run's sources in citation order (set by the run engine).
     sources: tuple[Source, ...] = ()
+    #: How the lab's agent names this ending (one of the ``LAB_*`` strings),
+    #: "" when it has no name for it: the ``termination`` of a lab record.
+    lab_termination: str = ""
+    #: Every message of the run in order, as ReSum keeps its
+    #: ``full_trajectory``: the opening conversation, each turn and each tool
+    #: result, and each consolidation's restart message after the
+    #: conversation it replaced (the summary requests are not in it). A
+    #: message the reference run overwrote shows the overwrite, as the lab's
+    #: ``messages`` do; a tool result dropped to make room for the final
+    #: answer is kept as it was read.
+    trajectory: tuple[dict[str, Any], ...] = ()
     kind: str = "finished"
 
 

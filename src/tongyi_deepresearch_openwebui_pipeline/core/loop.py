@@ -18,6 +18,11 @@ Decisions beyond the reference agent (each has a test):
   text as an unmarked answer rather than looping.
 - The wrap-up message is appended as its own user message instead of
   overwriting the last tool result, unless the context is too full to keep it.
+  The reference run (`Limits.reference_run`) overwrites it, as the lab does.
+- At the round limit the model is asked for its answer once more; the
+  reference run makes no call there (the last message becomes the lab's
+  `CALLS_EXCEEDED_MESSAGE`), and checks the time limit between rounds only,
+  ending without a call when it has passed.
 - The time limit is wall-clock and holds during a model turn and during
   tools, not only between rounds. A turn still thinking when it runs out is
   dropped and the wrap-up gets `Limits.wrap_up_seconds` of grace; a turn
@@ -36,13 +41,17 @@ Decisions beyond the reference agent (each has a test):
   overflow without an answer attempt. Every request asks for at most the
   reply that fits the served context beside its prompt.
 - At the context limit (or on a refusal for length) the run either wraps up
-  (`Limits.at_limit == "wrap_up"`, the reference) or consolidates: one call of
-  the summary model writes the research state (`core.consolidation`), and the
-  conversation restarts as the system prompt plus the question and that state
-  in the lab's ReSum message, then the research goes on. At most
-  `Limits.max_consolidations` times; rounds and time still hold. A summary
-  call that fails, or a state too big to leave room, falls back to the
-  wrap-up, never to a silent stop.
+  (`Limits.at_limit == "wrap_up"`, the reference) or consolidates as ReSum
+  does (`core.consolidation`): once the conversation holds 0.9 x (the
+  context - 1,000) tokens, one call of the summary model with ReSum's
+  prompt writes a summary, and the conversation restarts as the system
+  prompt plus the question and that summary in the lab's restart message,
+  then the research goes on. At most `Limits.max_consolidations` times;
+  rounds and time still hold. A summary call that fails, or a summary too
+  big to leave room, falls back to the wrap-up, never to a silent stop.
+- Every run ends with the lab's name for its ending
+  (`RunFinished.lab_termination`) and its whole trajectory across
+  consolidations (`RunFinished.trajectory`).
 """
 
 from __future__ import annotations
@@ -58,13 +67,20 @@ from .budget import MESSAGE_OVERHEAD_TOKENS, estimate_text_tokens, messages_toke
 from .consolidation import (
     MAX_RESTART_SHARE,
     SUMMARY_MIN_TOKENS,
-    fit_summary_request,
-    pages_note,
+    consolidation_point,
+    defused_summary,
     restarted_conversation,
     state_from_reply,
+    summarised_history,
     summary_request,
+    tagged_summary,
 )
 from .events import (
+    LAB_ANSWER,
+    LAB_CALLS_EXCEEDED,
+    LAB_FORCED_ANSWER,
+    LAB_FORCED_FORMAT_ERROR,
+    LAB_TIME_LIMIT,
     AnswerDelta,
     Consolidated,
     ConsolidationFailed,
@@ -93,7 +109,7 @@ from .events import (
     WrappingUp,
 )
 from .history import content_text
-from .prompts import WRAP_UP_MESSAGE
+from .prompts import CALLS_EXCEEDED_MESSAGE, WRAP_UP_MESSAGE
 from .protocol import Fragment, Turn, TurnParser
 from .sources import page_read
 from .toolcalls import (
@@ -145,11 +161,11 @@ OVERFLOW_RETRIES = 3
 MIN_REPLY_TOKENS = 16
 #: Share of the served context kept free beside prompt and reply.
 REPLY_MARGIN_SHARE = 0.01
-#: Share of the usable context the list of pages read may take in a state.
-PAGES_NOTE_SHARE = 0.15
 
 #: What a run does when the conversation fills the usable context.
 AtLimit = Literal["consolidate", "wrap_up"]
+#: Whether a run ended with an answer, and one in closed ``<answer>`` tags.
+Answered = Literal["closed", "unmarked", "none"]
 #: The loop's own steps are async generators, and each is iterated inside
 #: ``aclosing()``: a run closed early (Stop) closes every step under it at
 #: once, down to the model's stream, instead of leaving them to the garbage
@@ -178,6 +194,10 @@ class Limits:
     at_limit: AtLimit = "wrap_up"
     #: Most consolidations of one run (then the wrap-up).
     max_consolidations: int = 30
+    #: The reference agent's limits (inference/react_agent.py): the wrap-up
+    #: overwrites the last message, the round limit makes no further call,
+    #: and the time limit is checked between rounds and ends without a call.
+    reference_run: bool = False
 
     def hard_limit(self, cap: int = 0) -> int:
         """The most the server holds, prompt and reply together (within `cap`)."""
@@ -194,6 +214,15 @@ class Limits:
         """The most the conversation may hold before the model must answer."""
         usable = self.hard_limit(cap) - self.reply_room(cap)
         return max(min(self.max_context_tokens, usable), 1)
+
+    def consolidation_point(self, cap: int = 0) -> float:
+        """The conversation size at which the run consolidates (ReSum's trigger).
+
+        The lab's ``0.9 * (MAX_CONTEXT * 1024 - 1000)`` with ``MAX_CONTEXT *
+        1024`` the context served (within `cap`), and within the budget
+        `max_context_tokens`: 28,591.2 tokens on a 32K server.
+        """
+        return consolidation_point(min(self.hard_limit(cap), self.max_context_tokens))
 
 
 @dataclass
@@ -212,8 +241,25 @@ class RunState:
     #: Largest prompt + reply of any call, and the context the server serves.
     peak_context_tokens: int = 0
     served_context_tokens: int = 0
-    #: (url, title) of every page read, in order (a state lists them).
+    #: (url, title) of every page read, in order.
     pages: list[tuple[str, str]] = field(default_factory=list)
+    #: Every message of the run in order, across consolidations
+    #: (`RunFinished.trajectory`); the opening conversation when empty.
+    trajectory: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        """The trajectory starts as the conversation the run opens with."""
+        if not self.trajectory:
+            self.trajectory = list(self.messages)
+
+    def add(self, message: dict[str, Any]) -> None:
+        """Append ``message`` to the conversation and to the trajectory.
+
+        Both hold the same dict: a message the reference wrap-up overwrites
+        is overwritten in the trajectory too, as in the lab's ``messages``.
+        """
+        self.messages.append(message)
+        self.trajectory.append(message)
 
     def context_tokens(self) -> int:
         """Best estimate of the conversation's size in tokens."""
@@ -320,7 +366,7 @@ class ResearchLoop:
     ) -> None:
         """Bind the run state to its ports and budgets.
 
-        ``summarizer`` writes the research state when the run consolidates
+        ``summarizer`` writes the summary when the run consolidates
         (default: the research model itself).
         """
         self.state = state
@@ -333,14 +379,23 @@ class ResearchLoop:
         # What a consolidated conversation keeps: the system messages, and
         # the question (the chat's last user message when the run started).
         self._system = [m for m in state.messages if m.get("role") == "system"]
-        self._question = next(
+        # The message the conversation opens with (the question; after a
+        # consolidation, the restart), which a summary does not summarise.
+        self._opening = next(
             (
-                content_text(m.get("content"))
-                for m in reversed(state.messages)
-                if m.get("role") == "user"
+                index
+                for index in range(len(state.messages) - 1, -1, -1)
+                if state.messages[index].get("role") == "user"
             ),
-            "",
+            -1,
         )
+        self._question = (
+            content_text(state.messages[self._opening].get("content"))
+            if self._opening >= 0
+            else ""
+        )
+        # The last summary as the restart carried it ("" before the first).
+        self._last_summary = ""
         # The event loop's timer saw the deadline pass (tools were stopped).
         self._out_of_time_seen = False
         # The context the server showed it holds (a refusal, a silent cut).
@@ -372,6 +427,11 @@ class ResearchLoop:
 
     async def _at_budgets(self, step: _Step) -> _Events:
         """Before a round: consolidate, or wrap up, when a budget ran out."""
+        if self.limits.reference_run:
+            async with aclosing(self._at_reference_limits(step)) as events:
+                async for event in events:
+                    yield event
+            return
         exhausted = self._exhausted_budget()
         if self._refused_for_length and not exhausted:
             exhausted = "context_limit"
@@ -390,6 +450,35 @@ class ResearchLoop:
                 async for event in events:
                     yield event
 
+    async def _at_reference_limits(self, step: _Step) -> _Events:
+        """The reference agent's limits, in its order (inference/react_agent.py).
+
+        After the last available round the last message becomes the lab's
+        `CALLS_EXCEEDED_MESSAGE`; a context over its limit then gets the
+        wrap-up (written over the last message) and one call; otherwise the
+        round limit, and the time limit before a round, end the run without
+        a call.
+        """
+        state = self.state
+        out_of_rounds = state.round >= self.limits.max_rounds
+        if out_of_rounds:
+            self._overwrite_last(CALLS_EXCEEDED_MESSAGE)
+        if state.round > 0 and state.context_tokens() > self._context_limit():
+            ending: Termination = "context_limit"
+        elif out_of_rounds:
+            ending = "round_limit"
+        elif self.clock() - state.started > self.limits.max_seconds:
+            ending = "time_limit"
+        else:
+            return
+        step.ended = True
+        if ending != "context_limit":
+            yield self._finished(ending)
+            return
+        async with aclosing(self._wrap_up("context_limit")) as events:
+            async for event in events:
+                yield event
+
     async def _round(self, step: _Step) -> _Events:
         """One round: the model's turn, then its tool calls (or the end)."""
         state = self.state
@@ -402,10 +491,12 @@ class ResearchLoop:
         if step.ended or result.refused:
             return
         turn = result.turn
-        state.messages.append({"role": "assistant", "content": turn.history_text})
+        state.add({"role": "assistant", "content": turn.history_text})
         if turn.answer is not None:
             step.ended = True
-            yield self._finished("answer", answer=turn.answer.strip())
+            yield self._finished(
+                "answer", answer=turn.answer.strip(), closed=turn.answer_closed
+            )
         elif turn.calls:
             state.stalls = 0
             async with aclosing(self._run_calls(turn.calls)) as events:
@@ -418,7 +509,7 @@ class ResearchLoop:
             state.stalls += 1
             cut = result.finish_reason == "length"
             nudge = CUT_OFF_NUDGE if cut else NO_CALL_NUDGE
-            state.messages.append({"role": "user", "content": wrap_response(nudge)})
+            state.add({"role": "user", "content": wrap_response(nudge)})
 
     async def _turn_or_end(self, result: _TurnResult, step: _Step) -> _Events:
         """Stream the model's turn; a failure ends the run or is recovered from."""
@@ -448,15 +539,24 @@ class ResearchLoop:
                 yield event
 
     # -- deadlines --
-    def _deadline(self) -> float:
-        """The run's wall-clock deadline, in event-loop time."""
+    def _deadline(self) -> float | None:
+        """The run's wall-clock deadline, in event-loop time.
+
+        None for the reference run: the lab checks its time limit between
+        rounds only, and lets a turn or a tool under way finish.
+        """
+        if self.limits.reference_run:
+            return None
         remaining = self.limits.max_seconds - (self.clock() - self.state.started)
         return asyncio.get_running_loop().time() + max(remaining, 0.0)
 
-    def _grace_deadline(self) -> float:
+    def _grace_deadline(self) -> float | None:
         """Deadline for the final answer: the run's, plus the wrap-up grace."""
+        deadline = self._deadline()
+        if deadline is None:
+            return None
         now = asyncio.get_running_loop().time()
-        return max(self._deadline(), now) + self.limits.wrap_up_seconds
+        return max(deadline, now) + self.limits.wrap_up_seconds
 
     async def _out_of_time(self, result: _TurnResult) -> _Events:
         """The deadline passed mid-turn: keep a started answer, or wrap up."""
@@ -468,7 +568,7 @@ class ResearchLoop:
             return
         # It was writing its answer and overran even the grace: keep that.
         turn = result.turn
-        self.state.messages.append({"role": "assistant", "content": turn.history_text})
+        self.state.add({"role": "assistant", "content": turn.history_text})
         yield self._finished(
             "time_limit",
             answer=(turn.answer or "").strip(),
@@ -477,7 +577,10 @@ class ResearchLoop:
 
     # -- one model call --
     async def _model_turn(
-        self, result: _TurnResult, deadline: float, answer_deadline: float
+        self,
+        result: _TurnResult,
+        deadline: float | None,
+        answer_deadline: float | None,
     ) -> _Events:
         """Stream one model turn into ``result``, bounded in wall-clock time.
 
@@ -623,21 +726,28 @@ class ResearchLoop:
             and self.state.counters.consolidations < limits.max_consolidations
         )
 
-    async def _consolidate(self, outcome: _Consolidation) -> _Events:
-        """Replace the conversation by the question and its state, if one comes.
+    def _consolidation_point(self) -> float:
+        return self.limits.consolidation_point(self._context_cap)
 
-        ``outcome.done`` says whether it did; otherwise the conversation is
-        untouched and `ConsolidationFailed` says why.
+    async def _consolidate(self, outcome: _Consolidation) -> _Events:
+        """Replace the conversation by the question and its summary, if one comes.
+
+        ReSum's request and restart (`core.consolidation`). ``outcome.done``
+        says whether it did; otherwise the conversation is untouched and
+        `ConsolidationFailed` says why.
         """
         state = self.state
         number = state.counters.consolidations + 1
         before = state.context_tokens()
-        limit = self._context_limit()
+        point = self._consolidation_point()
         yield ConsolidationStarted(
-            number, self.limits.max_consolidations, before, limit
+            number, self.limits.max_consolidations, before, int(point)
         )
-        request, reply_tokens = fit_summary_request(
-            summary_request(state.messages), self._hard_limit()
+        request, reply_tokens = summary_request(
+            self._question,
+            summarised_history(state.messages, self._opening),
+            self._last_summary,
+            self._hard_limit(),
         )
         if reply_tokens < SUMMARY_MIN_TOKENS:
             yield ConsolidationFailed(
@@ -661,24 +771,43 @@ class ResearchLoop:
             call.reasoning, tagged_only=True
         )
         if not written:
-            yield ConsolidationFailed(number, "the summary model wrote no usable state")
-            return
-        pages = pages_note(state.pages, int(limit * PAGES_NOTE_SHARE))
-        restarted = restarted_conversation(self._system, self._question, written, pages)
-        after = messages_tokens(restarted)
-        if after > MAX_RESTART_SHARE * limit:
             yield ConsolidationFailed(
-                number,
-                f"the state it wrote ({after:,} tokens) leaves no room to go on",
+                number, "the summary model wrote no usable summary"
             )
             return
-        state.messages[:] = restarted
-        state.measured_tokens, state.measured_upto = None, 0
-        state.counters.consolidations += 1
+        restarted = restarted_conversation(self._system, self._question, written)
+        after = messages_tokens(restarted)
+        if after > MAX_RESTART_SHARE * point:
+            yield ConsolidationFailed(
+                number,
+                f"the summary it wrote ({after:,} tokens) leaves no room to go on",
+            )
+            return
+        self._restart(restarted, tagged_summary(defused_summary(written)))
         outcome.done = True
         yield Consolidated(
-            number, written, before, after, call.prompt_tokens, call.completion_tokens
+            number,
+            defused_summary(written).strip(),
+            before,
+            after,
+            call.prompt_tokens,
+            call.completion_tokens,
         )
+
+    def _restart(self, restarted: list[dict[str, Any]], summary: str) -> None:
+        """Go on from ``restarted``; its last message opens the conversation now.
+
+        The restart message joins the trajectory after the conversation it
+        replaces, as in ReSum's ``full_trajectory``; ``summary`` is the next
+        summary request's last summary.
+        """
+        state = self.state
+        state.messages[:] = restarted
+        state.trajectory.append(restarted[-1])
+        state.measured_tokens, state.measured_upto = None, 0
+        state.counters.consolidations += 1
+        self._opening = len(restarted) - 1
+        self._last_summary = summary
 
     async def _summary_call(
         self, request: list[dict[str, Any]], max_tokens: int, call: _SummaryCall
@@ -770,7 +899,7 @@ class ResearchLoop:
                 seconds,
                 outcome.sources,
             )
-        self.state.messages.append(
+        self.state.add(
             {"role": "user", "content": wrap_responses(o.text for o, _ in timed)}
         )
 
@@ -787,9 +916,14 @@ class ResearchLoop:
         tasks = [asyncio.ensure_future(self._timed(call)) for call in planned]
         if not tasks:
             return []
-        timeout = self._deadline() - asyncio.get_running_loop().time()
+        deadline = self._deadline()
+        timeout = (
+            None
+            if deadline is None
+            else max(deadline - asyncio.get_running_loop().time(), 0.0)
+        )
         try:
-            _, running = await asyncio.wait(tasks, timeout=max(timeout, 0.0))
+            _, running = await asyncio.wait(tasks, timeout=timeout)
             self._out_of_time_seen |= bool(running)
         finally:
             # Also on cancellation of the run itself: nothing is left running.
@@ -861,16 +995,27 @@ class ResearchLoop:
             return "round_limit"
         if self._out_of_time_seen or self.clock() - state.started >= limits.max_seconds:
             return "time_limit"
-        if state.round > 0 and state.context_tokens() > self._context_limit():
+        if state.round > 0 and self._context_full():
             return "context_limit"
         return None
+
+    def _context_full(self) -> bool:
+        """Whether the conversation must be consolidated, or else answered from.
+
+        While the run may consolidate, that is ReSum's point (checked after
+        each round, as the lab does); after that, the usable context.
+        """
+        tokens = self.state.context_tokens()
+        if self._may_consolidate():
+            return tokens >= self._consolidation_point()
+        return tokens > self._context_limit()
 
     async def _wrap_up(self, reason: Termination) -> _Events:
         state = self.state
         # The wrap-up is a model call like any round: the summary counts it.
         state.round += 1
         yield WrappingUp(reason)
-        state.messages.append({"role": "user", "content": WRAP_UP_MESSAGE})
+        self._ask_for_the_answer()
         result = _TurnResult(TurnParser().finish())
         cut_short = False
         grace = self._grace_deadline()
@@ -896,15 +1041,44 @@ class ResearchLoop:
                 cut_short = True
             break
         turn = result.turn
-        state.messages.append({"role": "assistant", "content": turn.history_text})
+        state.add({"role": "assistant", "content": turn.history_text})
         if turn.answer is not None:
             yield self._finished(
                 reason, answer=turn.answer.strip(), answer_marked=turn.answer_closed
             )
         elif turn.stray_text:
             yield self._finished(reason, answer=turn.stray_text, answer_marked=False)
+        elif cut_short:
+            yield self._finished("time_limit")
         else:
-            yield self._finished("time_limit" if cut_short else "no_answer")
+            yield self._finished("no_answer", budget=reason)
+
+    def _ask_for_the_answer(self) -> None:
+        """Put the wrap-up message in: its own message, or the reference's place.
+
+        The reference agent writes it over the last message (usually the
+        last tool result); this project appends it, so that the result the
+        model asked for last is still read (`_make_room_for_answer` drops it
+        first when it cannot fit). The question is never overwritten.
+        """
+        if not (self.limits.reference_run and self._overwrite_last(WRAP_UP_MESSAGE)):
+            self.state.add({"role": "user", "content": WRAP_UP_MESSAGE})
+
+    def _overwrite_last(self, text: str) -> bool:
+        """Write ``text`` over the last message, as the reference agent does.
+
+        The message keeps its role; the trajectory, which holds the same
+        message, shows the overwrite as the lab's record does. The question
+        is never overwritten (the lab's agent never gets there without a
+        round after it): False, and nothing changes.
+        """
+        state = self.state
+        if len(state.messages) - 1 <= self._opening:
+            return False
+        state.messages[-1]["content"] = text
+        if len(state.messages) <= state.measured_upto:
+            state.measured_tokens = None
+        return True
 
     def _make_room_for_answer(self) -> None:
         """Drop tool results until the wrap-up and its reply fit.
@@ -916,16 +1090,18 @@ class ResearchLoop:
         fits = self._hard_limit() - self._reply_room()
         if state.context_tokens() <= fits:
             return
+        dropped = wrap_response(DROPPED_RESULT)
         results = [
-            message
-            for message in state.messages[:-1]
+            index
+            for index, message in enumerate(state.messages[:-1])
             if message.get("role") == "user"
             and isinstance(message.get("content"), str)
             and message["content"].startswith("<tool_response>")
-            and message["content"] != wrap_response(DROPPED_RESULT)
+            and message["content"] != dropped
         ]
-        for message in [*results[-1:], *results[:-1]]:
-            message["content"] = wrap_response(DROPPED_RESULT)
+        for index in [*results[-1:], *results[:-1]]:
+            # A new message, not an edit: the trajectory keeps what was read.
+            state.messages[index] = {**state.messages[index], "content": dropped}
             state.measured_tokens = None
             if state.context_tokens() <= fits:
                 return
@@ -937,14 +1113,65 @@ class ResearchLoop:
         answer: str = "",
         error: str = "",
         answer_marked: bool = True,
+        closed: bool | None = None,
+        budget: Termination | None = None,
     ) -> RunFinished:
+        """The run's last event.
+
+        Args:
+            reason: Why the run ended.
+            answer: The answer, if any.
+            error: What stopped the run (``reason`` "error").
+            answer_marked: The answer was given as the final answer.
+            closed: The answer's ``<answer>`` block was closed (default:
+                ``answer_marked``), as the lab's test for an answer needs.
+            budget: For "no_answer": the budget that ran out first.
+        """
+        if not answer:
+            answered: Answered = "none"
+        elif answer_marked and (answer_marked if closed is None else closed):
+            answered = "closed"
+        else:
+            answered = "unmarked"
         return RunFinished(
             reason=reason,
             answer=answer,
             stats=self.state.stats(self.clock()),
             error=error,
             answer_marked=answer_marked,
+            lab_termination=lab_termination(budget or reason, answered),
+            trajectory=tuple(dict(message) for message in self.state.trajectory),
         )
+
+
+def lab_termination(ending: Termination, answered: Answered) -> str:
+    """The lab's name for a run's ending (inference/react_agent.py), or "".
+
+    An answer in ``<answer></answer>`` is ``answer``; the wrap-up at the
+    context limit is ``generate an answer as token limit reached``, or with
+    the ``format error: `` prefix when its reply has no closed answer; the
+    round and the time limits without an answer are ``exceed available llm
+    calls`` and ``No answer found after 2h30mins``. The lab's agent asks for
+    no answer at those two limits, so an answer given there (this project's
+    default) has no name in its records (""), nor has an unmarked answer
+    before any limit, or an error (the lab writes an error record).
+
+    Args:
+        ending: Why the run ended; for "no_answer", the budget that ran out.
+        answered: Whether an answer came, and in closed ``<answer>`` tags.
+    """
+    if ending == "answer":
+        return LAB_ANSWER if answered == "closed" else ""
+    if ending == "context_limit":
+        return LAB_FORCED_ANSWER if answered == "closed" else LAB_FORCED_FORMAT_ERROR
+    return _LAB_ENDED_WITHOUT_ANSWER.get(ending, "") if answered == "none" else ""
+
+
+#: The lab's names for the limits at which it ends a run without a call.
+_LAB_ENDED_WITHOUT_ANSWER: dict[str, str] = {
+    "round_limit": LAB_CALLS_EXCEEDED,
+    "time_limit": LAB_TIME_LIMIT,
+}
 
 
 async def _just(event: Event) -> _Events:

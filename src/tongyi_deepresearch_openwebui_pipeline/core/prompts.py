@@ -7,6 +7,11 @@ reproduced verbatim and checked byte for byte against the golden copy in
 ``tests/fixtures/reference_agent/prompts.json``. The only thing the product
 changes is which tool lines appear: a tool that is disabled or unavailable is
 left out, so the model is never offered a tool it cannot use.
+
+The reference loop's words at its limits (the wrap-up, the round limit) are
+``inference/react_agent.py``'s, and ReSum's summary prompts and restart
+message are ``WebAgent/WebResummer/src``'s, all checked byte for byte
+against ``tests/fixtures/lab/``.
 """
 
 from __future__ import annotations
@@ -99,6 +104,10 @@ WRAP_UP_MESSAGE = (
     "and provide what you consider the most likely answer in the following "
     "format:<think>your final thinking</think>\n<answer>your answer</answer>"
 )
+
+#: What the reference loop writes over the last message when its last
+#: available call gave no answer (it makes no call after it).
+CALLS_EXCEEDED_MESSAGE = "Sorry, the number of llm calls exceeds the limit."
 
 #: The reference loop's error for a call it cannot parse.
 INVALID_TOOL_CALL = (
@@ -273,38 +282,102 @@ def _is_known(digits: str, known: Container[int]) -> bool:
     return len(digits) <= _MAX_SOURCE_DIGITS and int(digits) in known
 
 
-# -- Research beyond the context window: consolidate and continue --
+# -- Research beyond the context window: ReSum, as published --
 #
-# The resumption message is the lab's interface: ReSum (arXiv 2509.13313)
-# restarts the conversation as one user message in this exact shape
-# (Alibaba-NLP/DeepResearch, WebAgent/WebResummer/src/react_agent.py), and its
-# ReSum-GRPO agents were trained to continue from it, so it is reproduced byte
-# for byte (`resumption_message`). The lab's summary prompts were written for
-# its own summary model (ReSumTool-30B) and ask for the essential information
-# only, without the URLs that citations need or what is still open; this
-# project's summary model is the research model itself, so the request below
-# is its own: it is sent as one more user message after the conversation (the
-# reference wrap-up's shape), which the model reads in its own format.
+# ReSum (arXiv 2509.13313; Alibaba-NLP/DeepResearch, WebAgent/WebResummer/src)
+# summarises the conversation when it nears the context and restarts from the
+# question and that summary. Its prompts and its restart message are an
+# interface: the summary model was prompted with these exact bytes
+# (`prompt.py`), and the ReSum-GRPO agents were trained to go on from the
+# restart message (`react_agent.py`). Both are reproduced verbatim and checked
+# byte for byte against `tests/fixtures/lab/resum_prompts.json`.
 
-#: Asks for the research state that replaces the conversation.
-CONSOLIDATION_REQUEST = (
-    "Stop here and do not call any tool: the conversation has grown too long "
-    "for the context window. It will be cleared, and the research will go on "
-    "from the question and the state you write now; anything you leave out of "
-    "the state is lost.\n"
+#: The first summary's request (WebResummer ``prompt.py``, QUERY_SUMMARY_PROMPT).
+QUERY_SUMMARY_PROMPT = (
+    "You are an expert at analyzing conversation history and extracting relevant information. Your task is to thoroughly evaluate the conversation history and current question to provide a comprehensive summary that will help answer the question.\n"
     "\n"
-    "Write the state inside <summary></summary> tags, in three parts:\n"
-    "1. Established: every finding that bears on the question, each followed "
-    "by the URL of the page it came from. Keep exact names, numbers, dates and "
-    "short quotations.\n"
-    "2. Still open: what the question still needs, and the most promising "
-    "next steps.\n"
-    "3. Tried without success: searches and pages that gave nothing useful or "
-    "failed, so they are not repeated.\n"
+    "Task Guidelines \n"
+    "1. Information Analysis:\n"
+    "   - Carefully analyze the conversation history to identify truly useful information.\n"
+    "   - Focus on information that directly contributes to answering the question.\n"
+    "   - Do NOT make assumptions, guesses, or inferences beyond what is explicitly stated in the conversation.\n"
+    "   - If information is missing or unclear, do NOT include it in your summary.\n"
     "\n"
-    "Write only what the conversation shows; mark anything uncertain as "
-    "uncertain. Be complete but brief."
+    "2. Summary Requirements:\n"
+    "   - Extract only the most relevant information that is explicitly present in the conversation.\n"
+    "   - Synthesize information from multiple exchanges when relevant.\n"
+    "   - Only include information that is certain and clearly stated in the conversation.\n"
+    "   - Do NOT output or mention any information that is uncertain, insufficient, or cannot be confirmed from the conversation.\n"
+    "\n"
+    "3. Output Format: Your response should be structured as follows:\n"
+    "<summary>\n"
+    "- Essential Information: [Organize the relevant and certain information from the conversation history that helps address the question.]\n"
+    "</summary>\n"
+    "\n"
+    "Strictly avoid fabricating, inferring, or exaggerating any information not present in the conversation. Only output information that is certain and explicitly stated.\n"
+    "\n"
+    "Question\n"
+    "{{{question}}} \n"
+    "\n"
+    "Conversation History\n"
+    "{{{recent_history_messages}}}\n"
+    "\n"
+    "Please generate a comprehensive and useful summary. Note that you are not permitted to invoke tools during this process.\n"
 )
+
+#: Every later summary's request, which also carries the last summary
+#: (WebResummer ``prompt.py``, QUERY_SUMMARY_PROMPT_LAST).
+QUERY_SUMMARY_PROMPT_LAST = (
+    "You are an expert at analyzing conversation history and extracting relevant information. Your task is to thoroughly evaluate the conversation history and current question to provide a comprehensive summary that will help answer the question.\n"
+    "\n"
+    "The last summary serves as your starting point, marking the information landscape previously collected. Your role is to:\n"
+    "- Analyze progress made since the last summary\n"
+    "- Identify remaining information gaps\n"
+    "- Generate a useful summary that combines previous and new information\n"
+    "- Maintain continuity, especially when recent conversation history is limited\n"
+    "\n"
+    "Task Guidelines\n"
+    "\n"
+    "1. Information Analysis:\n"
+    "   - Carefully analyze the conversation history to identify truly useful information.\n"
+    "   - Focus on information that directly contributes to answering the question.\n"
+    "   - Do NOT make assumptions, guesses, or inferences beyond what is explicitly stated.\n"
+    "   - If information is missing or unclear, do NOT include it in your summary.\n"
+    "   - Use the last summary as a baseline when recent history is sparse.\n"
+    "\n"
+    "2. Summary Requirements:\n"
+    "   - Extract only the most relevant information that is explicitly present in the conversation.\n"
+    "   - Synthesize information from multiple exchanges when relevant.\n"
+    "   - Only include information that is certain and clearly stated.\n"
+    "   - Do NOT output or mention any information that is uncertain, insufficient, or cannot be confirmed.\n"
+    "\n"
+    "3. Output Format: Your response should be structured as follows:\n"
+    "<summary>\n"
+    "- Essential Information: [Organize the relevant and certain information from the conversation history that helps address the question.]\n"
+    "</summary>\n"
+    "\n"
+    "Strictly avoid fabricating, inferring, or exaggerating any information not present in the conversation. Only output information that is certain and explicitly stated.\n"
+    "\n"
+    "Question\n"
+    "{{{question}}}\n"
+    "\n"
+    "Last Summary\n"
+    "{{{last_summary}}}\n"
+    "\n"
+    "Conversation History\n"
+    "{{{recent_history_messages}}}\n"
+    "\n"
+    "Please generate a comprehensive and useful summary. Note that you are not permitted to invoke tools during this process.\n"
+)
+
+#: The placeholders of the two summary prompts.
+QUESTION_SLOT = "{{{question}}}"
+HISTORY_SLOT = "{{{recent_history_messages}}}"
+LAST_SUMMARY_SLOT = "{{{last_summary}}}"
+
+#: A summary as ReSum passes it on (``summary_utils.py``): the text between tags.
+SUMMARY_OPEN = "<summary>"
+SUMMARY_CLOSE = "</summary>"
 
 #: The lab's resumption text, between the question and the summary.
 _RESUMPTION_MIDDLE = (
@@ -315,23 +388,58 @@ _RESUMPTION_MIDDLE = (
     "answer the question.\n"
 )
 
-#: Heads the list of pages read, which the loop adds inside the summary.
-PAGES_READ_HEADING = "Pages read so far (cite them by their URLs):"
+
+def summary_prompt(question: str, history: str, last_summary: str = "") -> str:
+    """The summary request ReSum sends: its prompt with the slots filled.
+
+    The first summary fills `QUERY_SUMMARY_PROMPT`; once there is a
+    ``last_summary`` (as the restart carried it, tags included),
+    `QUERY_SUMMARY_PROMPT_LAST`. Each slot of the prompt is filled once, in
+    the prompt only: the lab chains ``str.replace``, so a question or a page
+    holding ``{{{last_summary}}}`` had the summary spliced into it; here the
+    text put in a slot is never searched again. Ordinary text gives the
+    lab's bytes.
+    """
+    template = QUERY_SUMMARY_PROMPT_LAST if last_summary else QUERY_SUMMARY_PROMPT
+    values = {
+        QUESTION_SLOT: question,
+        HISTORY_SLOT: history,
+        LAST_SUMMARY_SLOT: last_summary,
+    }
+    return _fill_once(template, values)
+
+
+def _fill_once(template: str, values: dict[str, str]) -> str:
+    """``template`` with each slot in ``values`` replaced, its text left as is."""
+    pieces: list[str] = []
+    at = 0
+    while True:
+        found = [
+            (index, slot) for slot in values if (index := template.find(slot, at)) >= 0
+        ]
+        if not found:
+            pieces.append(template[at:])
+            return "".join(pieces)
+        index, slot = min(found)
+        pieces += [template[at:index], values[slot]]
+        at = index + len(slot)
 
 
 def resumption_message(question: str, summary: str) -> str:
     """The user message a consolidated conversation restarts from (the lab's).
 
-    ``summary`` is the state without tags; it is wrapped in
-    ``<summary></summary>`` as the lab's summary tool returns it.
+    ``summary`` is the summary's text without its tags; it is wrapped in
+    ``<summary></summary>`` as the lab's summary tool returns it
+    (``summary_utils.py``), and put after ``Summary: ``
+    (``react_agent.py``).
     """
     return (
         "Question: "
         + question
         + _RESUMPTION_MIDDLE
         + "Summary: "
-        + "<summary>"
+        + SUMMARY_OPEN
         + summary
-        + "</summary>"
+        + SUMMARY_CLOSE
         + "\n"
     )

@@ -1,27 +1,37 @@
 """Research runs built from ports: a single run, or a heavy one.
 
-A **single** run is one `ResearchLoop`. A **heavy** run starts N rollouts of
-the same question at once (each a full research run with its own history and
-sampling; the model server batches them), then one synthesis call of the
-research model integrates what they found into the answer. The engine knows
-no user interface and does no I/O of its own: it takes the model and tool
-ports, yields the events of the run (a rollout's wrapped in `RolloutEvent`),
-and the front end renders them.
+A **single** run is one `ResearchLoop`. A **heavy** run is the lab's
+ParallelMuse (arXiv 2510.24698, ``core/parallelmuse.py``): N research rollouts
+of the same question, then the model writes one report per rollout from its
+trajectory and one integrate call reads every report and gives the answer.
+The engine knows no user interface and does no I/O of its own: it takes the
+model and tool ports, yields the events of the run (a rollout's wrapped in
+`RolloutEvent`), and the front end renders them.
 
-Decisions (each has a test in tests/test_heavy.py):
+Decisions (each has a test in tests/test_heavy.py or tests/test_lab_parallelmuse.py):
 
+- Partial rollouts: the first rollout (``HeavySettings.initial_rollouts``)
+  runs alone and asks for token log-probabilities; the others branch from the
+  conversation before its most uncertain tool-call steps
+  (`parallelmuse.branch_points`). A server that returns none in the first
+  reply makes the others start at once from the question, and a status line
+  says so. Branches wrap up at the context limit instead of consolidating
+  (the loop takes the question to restart from as the last user message,
+  which in a branch is a tool response).
 - Sources are numbered once for the whole run: the rollouts share one
   `SourceLedger`, and each page records which rollouts read it.
-- A rollout's report is what the run produced, without another model call:
-  its answer and the evidence extracted from each page it read (ParallelMuse
-  compresses each rollout with a model call first; the extractor's evidence
-  is already that compression, so the call is saved).
-- A rollout that fails or ends without an answer does not sink the run: the
-  synthesis works from the others and is told how many it has. With none, the
-  run ends with an error that says why each rollout stopped.
+- Reports and the integrate call use the lab's prompts and sampling
+  (`parallelmuse.AGGREGATION_SAMPLING`), their reply lengths bounded by the
+  served context; a trajectory or a set of reports too long for it is cut
+  (`fit_trajectory`, `fit_reports`). The integrate answer streams as the
+  run's answer; a reply without ``<answer>`` tags is taken as written, as the
+  lab reads it.
+- A rollout that fails or ends without an answer gets no report (the lab's
+  filter); a report that fails is left out. With none left, the run ends
+  with an error that says why.
 - The run's time limit holds across rollouts: they stop early enough to leave
-  the synthesis `synthesis_reserve` of it. Cancelling the run cancels every
-  rollout and the synthesis.
+  the reports and the integrate call `synthesis_reserve` of it. Cancelling
+  the run cancels every rollout and report call.
 - Closing a run's generator (``aclose()``, as a front end's Stop does) closes
   the generators under it before it returns: every ``async for`` over an
   inner generator runs inside ``contextlib.aclosing``, never leaving one to
@@ -35,14 +45,21 @@ import contextlib
 import copy
 import datetime as dt
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Container
-from dataclasses import dataclass, replace
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..core.budget import MESSAGE_OVERHEAD_TOKENS, estimate_text_tokens, messages_tokens
 from ..core.events import (
     TERMINATION_TEXT,
+    ContextWarning,
     Event,
+    ModelChunk,
+    ModelDelta,
+    ModelError,
     ModelPort,
+    ModelRetry,
+    ModelUsage,
     RolloutEvent,
     RolloutSummary,
     RunEvent,
@@ -55,27 +72,51 @@ from ..core.events import (
     ToolPort,
 )
 from ..core.history import content_text
-from ..core.loop import Limits, ResearchLoop, RunState
-from ..core.prompts import (
-    SYNTHESIS_REPORT,
-    SYNTHESIS_REQUEST,
-    SYNTHESIS_SOURCE,
-    build_synthesis_system,
-    drop_unknown_source_numbers,
-    escape_structure_lines,
+from ..core.loop import REPLY_MARGIN_SHARE, Limits, ResearchLoop, RunState
+from ..core.parallelmuse import (
+    AGGREGATION_SAMPLING,
+    BRANCH_STEPS,
+    CONVERGE_SYSTEM_PROMPT,
+    INITIAL_ROLLOUTS,
+    INTEGRATE_MAX_TOKENS,
+    INTEGRATE_PROMPT,
+    REPORT_ENTRY,
+    REPORT_MAX_TOKENS,
+    REPORT_PROMPT,
+    TOP_LOGPROBS,
+    Record,
+    ReplyUncertainty,
+    ScoredChunk,
+    Step,
+    TokenLogprobs,
+    TunableModelPort,
+    branch_points,
+    fit_reports,
+    fit_trajectory,
+    integrate_request,
+    is_wrap_up,
+    message_records,
+    report_from_reply,
+    report_request,
 )
-from ..core.sources import Source, SourceLedger, evidence_text
-from ..core.toolcalls import ToolCall, neutralise_prompt_text
+from ..core.sources import SourceLedger
+from ..core.toolcalls import ToolCall
 
 #: Most rollouts one heavy run may start.
 MAX_ROLLOUTS = 8
-#: Rounds of the synthesis: its answer, or one nudge and the wrap-up.
-SYNTHESIS_ROUNDS = 2
-#: Characters of a rollout's answer and of one page's evidence in a report.
-REPORT_ANSWER_CHARS = 6000
-REPORT_EVIDENCE_CHARS = 1500
-#: Characters of a page's title in its source entry (titles are rarely 200).
-REPORT_TITLE_CHARS = 500
+#: Rounds of the integrate call: it answers (its reply is the answer).
+INTEGRATE_ROUNDS = 1
+#: Longest report reply read, in characters: four characters a token of the
+#: longest report asked for, four times over; a server sending more is read
+#: as cut off there.
+MAX_REPORT_CHARS = 16 * REPORT_MAX_TOKENS
+#: Said in the status line when the first reply carries no log-probabilities.
+NO_LOGPROBS_NOTICE = (
+    "The model server returned no token log-probabilities, so the other "
+    "rollouts start from the question instead of branching from this one's "
+    "most uncertain steps (ParallelMuse's partial rollouts need them; vLLM, "
+    "SGLang and llama.cpp return them)."
+)
 
 
 @dataclass(frozen=True)
@@ -83,10 +124,21 @@ class HeavySettings:
     """How a heavy run is shaped."""
 
     rollouts: int = 3
-    #: Rollouts running at once (the others wait for a slot).
+    #: Rollouts running at once (the others wait for a slot); also the most
+    #: report calls at once.
     concurrency: int = 3
-    #: Share of the run's time kept for the synthesis (at most 10 minutes).
+    #: Share of the run's time kept for the reports and the integrate call
+    #: (at most 10 minutes).
     synthesis_reserve: float = 0.15
+    #: ParallelMuse's partial rollouts: branch the later rollouts from the
+    #: most uncertain steps of the first ones (False: all from the question).
+    partial_rollouts: bool = True
+    #: Rollouts run from the question before any branch.
+    initial_rollouts: int = INITIAL_ROLLOUTS
+    #: Most uncertain steps of an initial rollout that branches start from.
+    branch_steps: int = BRANCH_STEPS
+    #: Alternatives per token asked for, to measure a step's uncertainty.
+    top_logprobs: int = TOP_LOGPROBS
 
 
 @dataclass(frozen=True)
@@ -171,6 +223,19 @@ def _closing(
     return contextlib.aclosing(events)
 
 
+@contextlib.asynccontextmanager
+async def _stream_of(
+    chunks: AsyncIterator[ScoredChunk],
+) -> AsyncGenerator[AsyncIterator[ScoredChunk], None]:
+    """A model port's stream, closed on the way out (the request with it)."""
+    try:
+        yield chunks
+    finally:
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()
+
+
 def _with_sources(event: Event, ledger: SourceLedger, reader: int) -> list[Event]:
     """`event`, then `SourcesAdded` for the pages it read first (or with sources)."""
     if isinstance(event, ToolCallFinished) and event.sources:
@@ -186,13 +251,96 @@ def _with_sources(event: Event, ledger: SourceLedger, reader: int) -> list[Event
 
 
 class _NoTools:
-    """The synthesis offers no tools (a call gets the loop's model-facing error)."""
+    """The integrate call offers no tools (a call gets a model-facing error)."""
 
     def available(self) -> list[str]:
         return []
 
     async def run(self, call: ToolCall) -> ToolOutcome:
         return ToolOutcome(f"Error: no tools can be used now ({call.name}).", False)
+
+
+# -- partial rollouts: where an initial rollout was uncertain --
+
+
+class _ScoredModel:
+    """An initial rollout's model port: it keeps the steps a branch can start from.
+
+    Each request asks for ``top_logprobs`` alternatives per token (when the
+    port can ask); a reply that calls a tool becomes a `Step` holding its
+    tool call's uncertainty and the conversation it answered. The first
+    complete reply tells ``first_reply`` whether the server returned any
+    log-probabilities.
+    """
+
+    def __init__(
+        self,
+        model: ModelPort,
+        top_logprobs: int,
+        state: RunState,
+        first_reply: Callable[[bool], None],
+    ) -> None:
+        """Wrap ``model`` for the rollout whose state is ``state``."""
+        self.model = model
+        self.top_logprobs = top_logprobs
+        self.state = state
+        self.steps: list[Step] = []
+        self._first_reply: Callable[[bool], None] | None = first_reply
+
+    def _chunks(
+        self, messages: list[dict[str, Any]], max_tokens: int | None
+    ) -> AsyncIterator[ScoredChunk]:
+        if isinstance(self.model, TunableModelPort):
+            return self.model.stream_scored(
+                messages, max_tokens, top_logprobs=self.top_logprobs
+            )
+        return self.model.stream(messages, max_tokens)
+
+    async def stream(
+        self, messages: list[dict[str, Any]], max_tokens: int | None = None
+    ) -> AsyncIterator[ModelChunk]:
+        """The reply's chunks, the log-probabilities kept apart."""
+        # What the step answered, as it was sent (the loop edits its own
+        # messages later, when it makes room for a final answer).
+        before = Step(
+            0.0,
+            self.state.round,
+            tuple(dict(m) for m in messages),
+            tuple(self.state.pages),
+        )
+        uncertainty = ReplyUncertainty()
+        async with _stream_of(self._chunks(messages, max_tokens)) as chunks:
+            async for chunk in chunks:
+                if isinstance(chunk, TokenLogprobs):
+                    uncertainty.add(chunk)
+                    continue
+                if isinstance(chunk, ModelRetry):  # the reply starts over
+                    uncertainty = ReplyUncertainty()
+                yield chunk
+        self._keep(before, uncertainty)
+
+    def _keep(self, before: Step, uncertainty: ReplyUncertainty) -> None:
+        if self._first_reply is not None:
+            self._first_reply(uncertainty.served)
+            self._first_reply = None
+        score = uncertainty.tool_call_uncertainty()
+        if score is not None and not is_wrap_up(before.messages):
+            self.steps.append(replace(before, uncertainty=score))
+
+
+@dataclass
+class _Rollout:
+    """One rollout of a heavy run: where it starts, and how it ended."""
+
+    number: int
+    state: RunState
+    model: ModelPort
+    limits: Limits
+    #: Rounds of its conversation that its parent ran (a branch's prefix).
+    inherited_rounds: int = 0
+    finished: RunFinished | None = None
+    #: The initial rollout's port, whose steps branches start from.
+    scored: _ScoredModel | None = None
 
 
 @dataclass
@@ -202,8 +350,42 @@ class _Finished:
     rollout: int
 
 
+@dataclass
+class _FirstReply:
+    """An initial rollout's first reply came, with log-probabilities or not."""
+
+    rollout: int
+    served: bool
+
+
+_Item = RolloutEvent | _Finished | _FirstReply
+
+
+@dataclass
+class _Report:
+    """One rollout's report, or why there is none; and what the call cost."""
+
+    rollout: int
+    text: str = ""
+    error: str = ""
+    usage: list[ModelUsage] = field(default_factory=list)
+    #: The reply's content as it streams, at most `MAX_REPORT_CHARS` of it.
+    parts: list[str] = field(default_factory=list)
+    chars: int = 0
+
+    def take(self, chunk: ScoredChunk) -> None:
+        """One chunk of the report call: its text, or its usage."""
+        if isinstance(chunk, ModelDelta) and self.chars < MAX_REPORT_CHARS:
+            self.parts.append(chunk.content)
+            self.chars += len(chunk.content)
+        elif isinstance(chunk, ModelRetry):  # the reply starts over
+            self.parts, self.chars = [], 0
+        elif isinstance(chunk, ModelUsage):
+            self.usage.append(chunk)
+
+
 class HeavyRun:
-    """N rollouts of one question at once, then one synthesis of their reports."""
+    """N rollouts of one question, then ParallelMuse's reports and integration."""
 
     def __init__(  # noqa: PLR0917  (the ports and settings of one run)
         self,
@@ -235,6 +417,7 @@ class HeavyRun:
         self.clock = clock
         self.summarizer = summarizer
         self.started = clock()
+        self._runs: dict[int, _Rollout] = {}
 
     @property
     def rollouts(self) -> int:
@@ -242,16 +425,12 @@ class HeavyRun:
         return self.settings.rollouts
 
     async def run(self) -> AsyncGenerator[RunEvent, None]:
-        """Yield every rollout's events as they come, then the synthesis's."""
-        finished: dict[int, RunFinished] = {}
+        """Yield every rollout's events as they come, then the aggregation's."""
         async with contextlib.aclosing(self._rollouts()) as rollouts:
             async for event in rollouts:
-                if isinstance(event.event, RunFinished):
-                    finished[event.rollout] = event.event
                 yield event
-        results = [finished[k] for k in range(1, self.rollouts + 1)]
-        async with contextlib.aclosing(self._synthesis(results)) as synthesis:
-            async for event in synthesis:
+        async with contextlib.aclosing(self._aggregation()) as aggregation:
+            async for event in aggregation:
                 yield event
 
     # -- the rollouts --
@@ -259,21 +438,96 @@ class HeavyRun:
         reserve = min(self.limits.max_seconds * self.settings.synthesis_reserve, 600)
         return replace(self.limits, max_seconds=self.limits.max_seconds - reserve)
 
-    async def _rollouts(self) -> AsyncGenerator[RolloutEvent, None]:
-        queue: asyncio.Queue[RolloutEvent | _Finished] = asyncio.Queue()
-        slots = asyncio.Semaphore(max(1, self.settings.concurrency))
-        tasks = [
-            asyncio.create_task(self._rollout(k, queue, slots))
-            for k in range(1, self.rollouts + 1)
+    def _initial_count(self) -> int:
+        """Rollouts that start from the question at once (all, without branches)."""
+        if not self.settings.partial_rollouts:
+            return self.rollouts
+        return min(max(1, self.settings.initial_rollouts), self.rollouts)
+
+    def _fresh(self, number: int) -> _Rollout:
+        """Rollout ``number`` from the question."""
+        state = RunState(messages=copy.deepcopy(self.messages), started=self.started)
+        return _Rollout(number, state, self.model, self._rollout_limits())
+
+    def _initial(self, number: int, queue: asyncio.Queue[_Item]) -> _Rollout:
+        """Rollout ``number`` from the question, its steps scored."""
+        rollout = self._fresh(number)
+        rollout.scored = _ScoredModel(
+            self.model,
+            self.settings.top_logprobs,
+            rollout.state,
+            lambda served: queue.put_nowait(_FirstReply(number, served)),
+        )
+        rollout.model = rollout.scored
+        return rollout
+
+    def _branch(self, number: int, step: Step) -> _Rollout:
+        """Rollout ``number`` continuing the conversation before ``step``."""
+        done = max(step.round - 1, 0)
+        state = RunState(
+            messages=copy.deepcopy(list(step.messages)),
+            started=self.started,
+            round=done,
+            pages=list(step.pages),
+        )
+        # The loop would restart a consolidated branch from its last user
+        # message, here a tool response, as if it were the question.
+        limits = replace(self._rollout_limits(), at_limit="wrap_up")
+        return _Rollout(number, state, self.model, limits, inherited_rounds=done)
+
+    def _later(self, numbers: list[int]) -> list[_Rollout]:
+        """The later rollouts: branches of the initial ones where they can be."""
+        steps = [
+            run.scored.steps for run in self._runs.values() if run.scored is not None
         ]
+        points = branch_points(steps, len(numbers), self.settings.branch_steps)
+        return [
+            self._fresh(number) if point is None else self._branch(number, point)
+            for number, point in zip(numbers, points, strict=True)
+        ]
+
+    async def _rollouts(self) -> AsyncGenerator[RolloutEvent, None]:
+        """Run the rollouts: the initial ones, then branches or fresh ones."""
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        slots = asyncio.Semaphore(max(1, self.settings.concurrency))
+        tasks: list[asyncio.Task[None]] = []
+
+        def start(rollouts: list[_Rollout]) -> int:
+            for rollout in rollouts:
+                self._runs[rollout.number] = rollout
+                tasks.append(asyncio.create_task(self._rollout(rollout, queue, slots)))
+            return len(rollouts)
+
+        initial = self._initial_count()
+        first = range(1, initial + 1)
+        if initial < self.rollouts:  # the others branch: score the first ones
+            running = start([self._initial(k, queue) for k in first])
+        else:
+            running = start([self._fresh(k) for k in first])
+        later = list(range(initial + 1, self.rollouts + 1))
+        detected = False
         try:
-            running = len(tasks)
             while running:
                 item = await queue.get()
-                if isinstance(item, _Finished):
-                    running -= 1
-                else:
+                if isinstance(item, RolloutEvent):
                     yield item
+                elif isinstance(item, _FirstReply):
+                    if detected or not later:
+                        continue
+                    detected = True
+                    if not item.served:
+                        yield RolloutEvent(
+                            item.rollout,
+                            self.rollouts,
+                            ContextWarning(NO_LOGPROBS_NOTICE),
+                        )
+                        running += start([self._fresh(k) for k in later])
+                        later = []
+                else:
+                    running -= 1
+                    if not running and later:
+                        running += start(self._later(later))
+                        later = []
         finally:
             # Stop (or a finished run): nothing of any rollout keeps running.
             for task in tasks:
@@ -282,102 +536,236 @@ class HeavyRun:
 
     async def _rollout(
         self,
-        rollout: int,
-        queue: asyncio.Queue[RolloutEvent | _Finished],
+        rollout: _Rollout,
+        queue: asyncio.Queue[_Item],
         slots: asyncio.Semaphore,
     ) -> None:
         """Run one rollout, putting its events on `queue`; it always finishes."""
-        state = RunState(messages=copy.deepcopy(self.messages), started=self.started)
-        ended = False
+        number, state = rollout.number, rollout.state
         try:
             async with slots:
                 loop = ResearchLoop(
                     state,
-                    self.model,
-                    self.tools_for(rollout),
-                    self._rollout_limits(),
+                    rollout.model,
+                    self.tools_for(number),
+                    rollout.limits,
                     self.clock,
-                    summarizer=self.summarizer,
+                    summarizer=self.summarizer or self.model,
                 )
                 async with _closing(loop.run()) as events:
                     async for event in events:
-                        ended |= isinstance(event, RunFinished)
-                        for recorded in _with_sources(event, self.ledger, rollout):
-                            await queue.put(
-                                RolloutEvent(rollout, self.rollouts, recorded)
-                            )
+                        for recorded in _with_sources(event, self.ledger, number):
+                            await queue.put(self._rollout_event(rollout, recorded))
         except asyncio.CancelledError:
             raise
         except Exception as error:  # a broken rollout must not sink the others
-            if not ended:
+            if rollout.finished is None:
                 failed = RunFinished(
                     "error",
                     "",
                     state.stats(self.clock()),
                     error=f"{type(error).__name__}: {error}",
                 )
-                await queue.put(RolloutEvent(rollout, self.rollouts, failed))
-        await queue.put(_Finished(rollout))
+                await queue.put(self._rollout_event(rollout, failed))
+        await queue.put(_Finished(number))
 
-    # -- the synthesis --
-    async def _synthesis(
-        self, results: list[RunFinished]
-    ) -> AsyncGenerator[RunEvent, None]:
+    def _rollout_event(self, rollout: _Rollout, event: Event) -> RolloutEvent:
+        """``event`` of ``rollout``; its end keeps the rollout's own figures."""
+        if isinstance(event, RunFinished):
+            # A branch's rounds before it started were its parent's.
+            rounds = event.stats.rounds - rollout.inherited_rounds
+            event = replace(event, stats=replace(event.stats, rounds=rounds))
+            rollout.finished = event
+        return RolloutEvent(rollout.number, self.rollouts, event)
+
+    # -- compressed reasoning aggregation --
+    def _finished(self) -> list[RunFinished]:
+        """How each rollout ended, in order."""
+        ended: list[RunFinished] = []
+        for number in range(1, self.rollouts + 1):
+            run = self._runs.get(number)
+            finished = run.finished if run is not None else None
+            ended.append(
+                finished
+                or RunFinished("error", "", _no_stats(), error="the rollout never ran")
+            )
+        return ended
+
+    async def _aggregation(self) -> AsyncGenerator[RunEvent, None]:
+        results = self._finished()
         summaries = tuple(
             RolloutSummary(k, r.reason, r.stats, bool(r.answer), r.error)
             for k, r in enumerate(results, start=1)
         )
-        answered = [(k, r) for k, r in enumerate(results, start=1) if r.answer]
+        answered = [k for k, r in enumerate(results, start=1) if r.answer]
         if not answered:
             yield RunFinished(
                 "error",
                 "",
-                self._totals(results, None),
+                self._totals(results),
                 error=_none_answered(results),
                 rollouts=summaries,
+                sources=tuple(self.ledger.sources),
             )
             return
         yield SynthesisStarted(len(answered), self.rollouts)
+        aggregator = self._aggregator()
+        reports = await self._reports(aggregator, answered)
+        written = [report.text for report in reports if report.text]
+        if not written:
+            yield RunFinished(
+                "error",
+                "",
+                self._totals(results, reports),
+                error=_none_reported(reports),
+                rollouts=summaries,
+                sources=tuple(self.ledger.sources),
+            )
+            return
+        async with contextlib.aclosing(
+            self._integrate(aggregator, written, results, reports, summaries)
+        ) as events:
+            async for event in events:
+                yield event
+
+    def _aggregator(self) -> ModelPort:
+        """The research model, sampled as the lab's report and integrate calls."""
+        if isinstance(self.model, TunableModelPort):
+            return self.model.tuned(AGGREGATION_SAMPLING)
+        return self.model
+
+    async def _integrate(
+        self,
+        aggregator: ModelPort,
+        reports: list[str],
+        results: list[RunFinished],
+        written: list[_Report],
+        summaries: tuple[RolloutSummary, ...],
+    ) -> AsyncGenerator[RunEvent, None]:
+        """The integrate call: its answer streams as the run's answer."""
         state = RunState(
-            messages=[
-                {"role": "system", "content": build_synthesis_system(self.today)},
-                {"role": "user", "content": self._request(answered)},
-            ],
+            messages=integrate_request(
+                _question(self.messages), fit_reports(reports, self._reports_room())
+            ),
             started=self.started,
+            # The lab reads a reply without <answer> tags as the answer: one
+            # stall already counted makes the loop take it as written, with
+            # no nudge.
+            stalls=1,
         )
-        # The synthesis request is built to fit: it answers, never consolidates.
-        limits = replace(self.limits, max_rounds=SYNTHESIS_ROUNDS, at_limit="wrap_up")
-        loop = ResearchLoop(state, self.model, _NoTools(), limits, self.clock)
+        limits = replace(
+            self.limits,
+            max_rounds=INTEGRATE_ROUNDS,
+            at_limit="wrap_up",
+            max_output_tokens=INTEGRATE_MAX_TOKENS,
+        )
+        loop = ResearchLoop(state, aggregator, _NoTools(), limits, self.clock)
         async with _closing(loop.run()) as events:
             async for event in events:
                 if not isinstance(event, RunFinished):
                     yield event
                     continue
-                # The run's figures: every rollout's and the synthesis's.
-                totals = self._totals(results, event.stats)
-                yield replace(event, stats=totals, rollouts=summaries)
+                # The run's figures: every rollout's, the reports' and this call's.
+                totals = self._totals(results, written, event.stats)
+                yield replace(
+                    event,
+                    stats=totals,
+                    rollouts=summaries,
+                    sources=tuple(self.ledger.sources),
+                )
 
-    def _request(self, answered: list[tuple[int, RunFinished]]) -> str:
-        budget = self._report_chars(len(answered))
-        known = {source.number for source in self.ledger.sources}
-        reports = "\n\n".join(
-            _report(number, finished, self.ledger.read_by(rollout), budget, known)
-            for number, (rollout, finished) in enumerate(answered, start=1)
+    # -- the reports --
+    async def _reports(self, model: ModelPort, rollouts: list[int]) -> list[_Report]:
+        """One report per rollout, written at once (as many as may run)."""
+        slots = asyncio.Semaphore(max(1, self.settings.concurrency))
+        tasks = [
+            asyncio.create_task(self._report(model, number, slots))
+            for number in rollouts
+        ]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _report(
+        self, model: ModelPort, number: int, slots: asyncio.Semaphore
+    ) -> _Report:
+        """Rollout ``number``'s report: the lab's request over its trajectory."""
+        report = _Report(number)
+        messages = report_request(await self._trajectory(number))
+        max_tokens = self._reply_tokens(messages, REPORT_MAX_TOKENS)
+        try:
+            async with (
+                slots,
+                asyncio.timeout_at(self._deadline()),
+                _stream_of(model.stream(messages, max_tokens)) as chunks,
+            ):
+                async for chunk in chunks:
+                    report.take(chunk)
+        except ModelError as error:
+            report.error = error.message
+            return report
+        except TimeoutError:
+            report.error = TERMINATION_TEXT["time_limit"]
+            return report
+        report.text = report_from_reply("".join(report.parts))
+        if not report.text:
+            report.error = "the report was empty"
+        return report
+
+    async def _trajectory(self, number: int) -> str:
+        """Rollout ``number``'s conversation as its report request holds it.
+
+        Rendered a message at a time, the event loop free between them: a
+        trajectory fills a context (half a megabyte of text and more).
+        """
+        messages = self._runs[number].state.messages
+        given = _common_start(messages, self.messages)
+        records: list[Record] = []
+        for index, message in enumerate(messages):
+            records += message_records(message, given=index < given)
+            await asyncio.sleep(0)
+        room = self._room(
+            REPORT_PROMPT, min(REPORT_MAX_TOKENS, self.limits.hard_limit() // 4)
         )
-        return SYNTHESIS_REQUEST.format(
-            count=len(answered), question=_question(self.messages), reports=reports
+        return fit_trajectory(records, room)
+
+    def _reports_room(self) -> int:
+        """Tokens the reports may take together in the integrate request."""
+        reply = min(INTEGRATE_MAX_TOKENS, self.limits.hard_limit() // 2)
+        entries = self.rollouts * estimate_text_tokens(REPORT_ENTRY)
+        question = estimate_text_tokens(_question(self.messages))
+        return self._room(INTEGRATE_PROMPT, reply) - entries - question
+
+    def _room(self, prompt: str, reply: int) -> int:
+        """Tokens left for what goes into ``prompt`` beside a ``reply``."""
+        hard = self.limits.hard_limit()
+        framing = estimate_text_tokens(CONVERGE_SYSTEM_PROMPT + prompt)
+        return max(
+            hard - reply - framing - 2 * MESSAGE_OVERHEAD_TOKENS - _margin(hard), 0
         )
 
-    def _report_chars(self, count: int) -> int:
-        """Characters each report may take: together they fit the context."""
-        room = self.limits.context_limit()
-        # ~3 characters per token for such text, 2,000 tokens for the rest.
-        return max(2000, (room - 2000) * 3 // max(count, 1))
+    def _reply_tokens(self, messages: list[dict[str, Any]], most: int) -> int:
+        """The longest reply (up to ``most``) that fits beside ``messages``."""
+        hard = self.limits.hard_limit()
+        room = hard - messages_tokens(messages) - _margin(hard)
+        return max(min(most, room), 1)
+
+    def _deadline(self) -> float:
+        """The run's wall-clock deadline, in event-loop time."""
+        remaining = self.limits.max_seconds - (self.clock() - self.started)
+        return asyncio.get_running_loop().time() + max(remaining, 0.0)
 
     def _totals(
-        self, results: list[RunFinished], synthesis: RunStats | None
+        self,
+        results: list[RunFinished],
+        reports: Sequence[_Report] = (),
+        integrate: RunStats | None = None,
     ) -> RunStats:
-        stats = [r.stats for r in results] + ([synthesis] if synthesis else [])
+        stats = [r.stats for r in results] + [_report_stats(reports)]
+        stats += [integrate] if integrate else []
         costs = [s.cost for s in stats if s.cost is not None]
         return RunStats(
             rounds=sum(s.rounds for s in stats),
@@ -400,92 +788,46 @@ class HeavyRun:
         )
 
 
+def _margin(hard: int) -> int:
+    """Tokens kept free beside prompt and reply (as the loop keeps them)."""
+    return max(32, int(hard * REPLY_MARGIN_SHARE))
+
+
+def _common_start(messages: list[dict[str, Any]], given: list[dict[str, Any]]) -> int:
+    """How many of ``messages``' first messages are those of ``given``."""
+    count = 0
+    for mine, theirs in zip(messages, given, strict=False):
+        if mine != theirs:
+            break
+        count += 1
+    return count
+
+
+def _no_stats() -> RunStats:
+    return RunStats(0, 0, 0, 0, 0, 0, None, 0.0)
+
+
+def _report_stats(reports: Sequence[_Report]) -> RunStats:
+    """What the report calls cost, as figures to add to the run's."""
+    usage = [u for report in reports for u in report.usage]
+    costs = [u.cost for u in usage if u.cost is not None]
+    return replace(
+        _no_stats(),
+        prompt_tokens=sum(u.prompt_tokens for u in usage),
+        completion_tokens=sum(u.completion_tokens for u in usage),
+        cost=sum(costs) if costs else None,
+        peak_context_tokens=max(
+            (u.prompt_tokens + u.completion_tokens for u in usage), default=0
+        ),
+    )
+
+
 def _question(messages: list[dict[str, Any]]) -> str:
     """The question: the last user message of the chat."""
     for message in reversed(messages):
         if message.get("role") == "user":
             return content_text(message.get("content"))
     return ""
-
-
-def _report(
-    number: int,
-    finished: RunFinished,
-    sources: list[Source],
-    budget: int,
-    known: Container[int] | None = None,
-) -> str:
-    """One rollout's report: its answer, then the evidence of each page it read.
-
-    What the rollout and its pages wrote is defused on the way in
-    (`_excerpt`, `_report_title`): it cannot pose as the request's structure.
-    The URL is the tool's, kept on one line and defused. `known` holds the
-    run's source numbers (default: those of `sources`).
-    """
-    known = {source.number for source in sources} if known is None else known
-    answer = _excerpt(finished.answer, min(REPORT_ANSWER_CHARS, budget // 2), known)
-    room = budget - len(answer)
-    items: list[str] = []
-    for source in sources:
-        item = SYNTHESIS_SOURCE.format(
-            number=source.number,
-            title=_report_title(source.title, known),
-            url=neutralise_prompt_text(" ".join(source.url.split())),
-            evidence=_excerpt(evidence_text(source), REPORT_EVIDENCE_CHARS, known),
-        )
-        if len(item) > room:
-            items.append(f"({len(sources) - len(items)} more pages read, not shown)")
-            break
-        items.append(item)
-        room -= len(item) + 2
-    evidence = "## Evidence from the pages read\n\n" + (
-        "\n\n".join(items) if items else "(no pages were read)"
-    )
-    return SYNTHESIS_REPORT.format(
-        number=number,
-        ending=TERMINATION_TEXT.get(finished.reason, finished.reason),
-        answer=answer,
-        evidence=evidence,
-    )
-
-
-def _excerpt(text: str, limit: int, known: Container[int]) -> str:
-    """At most ``limit`` characters of ``text`` as the report holds it (`_report_text`).
-
-    ``" …"`` marks a cut. Only the first ``2 × limit`` characters are read:
-    the report keeps no more, and a hostile answer or page of megabytes would
-    otherwise cost its whole length on the event loop. (Defusing may shorten
-    what it reads, so a cut is also marked when what is shown fits.)
-    """
-    text = text.strip()
-    read = text[: 2 * limit]
-    shown = _report_text(read, known).strip()
-    if len(shown) > limit:
-        return shown[:limit].rstrip() + " …"
-    return shown + " …" if len(read) < len(text) else shown
-
-
-def _report_text(text: str, known: Container[int]) -> str:
-    """A rollout's answer or a page's evidence, as the synthesis request holds it.
-
-    Control tokens and protocol tags defused, source numbers the run does not
-    hold dropped, then (last, so nothing after it can make one) every line
-    that reads as a heading or a source entry escaped.
-    """
-    text = drop_unknown_source_numbers(neutralise_prompt_text(text), known)
-    return escape_structure_lines(text)
-
-
-def _report_title(title: str, known: Container[int]) -> str:
-    """A page's title as its source entry holds it: one line, defused.
-
-    A title longer than `REPORT_TITLE_CHARS` is cut (read no further).
-    """
-    title = " ".join(title[: 2 * REPORT_TITLE_CHARS].split())
-    title = drop_unknown_source_numbers(neutralise_prompt_text(title), known)
-    if len(title) <= REPORT_TITLE_CHARS:
-        return title
-    return title[:REPORT_TITLE_CHARS].rstrip() + " …"
 
 
 def _none_answered(results: list[RunFinished]) -> str:
@@ -496,3 +838,11 @@ def _none_answered(results: list[RunFinished]) -> str:
     )
     count = len(results)
     return f"None of the {count} research rollouts produced an answer ({reasons})."
+
+
+def _none_reported(reports: list[_Report]) -> str:
+    reasons = "; ".join(f"rollout {r.rollout}: {r.error}" for r in reports)
+    return (
+        f"No report could be written on the {len(reports)} rollouts that "
+        f"answered ({reasons})."
+    )

@@ -321,7 +321,12 @@ class Pipe:
                 limits=limits,
                 today=today,
                 heavy=(
-                    HeavySettings(rollouts, valves.HEAVY_CONCURRENT_ROLLOUTS)
+                    HeavySettings(
+                        rollouts,
+                        valves.HEAVY_CONCURRENT_ROLLOUTS,
+                        partial_rollouts=valves.HEAVY_PARTIAL_ROLLOUTS,
+                        branch_steps=valves.HEAVY_BRANCH_STEPS,
+                    )
                     if heavy
                     else None
                 ),

@@ -8,7 +8,10 @@ environment variables or a TOML file; it never imports the pipe), runs it throug
 through SearXNG, scholar through its backends, visit with its built-in
 fetcher), renders the events for a terminal (`render`, pure) and does the
 I/O itself (`cli`). `batch` runs a JSONL file of ``{"question", "answer"}``
-records in the reference runner's output format, resumably.
+lines and writes the lab's records (inference/run_multi_react.py: one file,
+or its ``iter{i}.jsonl`` per rollout), resumably, asking failed records
+again. What the shared parts say about valves is said the runner's way
+(`wording`).
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ Exit statuses:
 
 - 0: done (``ask``: an answer was given);
 - 1: the research failed or no model server answered (``batch``: also when
-  input lines were skipped);
-- 2: bad settings, arguments or files;
+  input lines were skipped or a record is a failed run's; the failures are
+  counted, one line per distinct reason);
+- 2: bad settings, arguments or files (``batch``: also an input without a
+  question, or an input that is also an output);
 - 130: interrupted (Ctrl-C); a batch keeps every finished record.
 """
 
@@ -35,25 +37,36 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from .. import __version__
 from ..adapters.openwebui.valves import Valves
 from .batch import (
+    ITER_FILE,
+    BadLine,
     BatchState,
+    Existing,
     Job,
+    OutputFile,
+    Question,
     RecordWriter,
+    drop_lines,
+    input_lines,
     jobs_to_run,
-    json_lines,
     lone_surrogate,
+    output_files,
     parse_questions,
     read_existing,
     run_batch,
+    too_long,
 )
 from .render import (
     Progress,
     TerminalRenderer,
+    one_line,
+    plural,
     progress_line,
     summary_table,
     terminal_safe,
@@ -61,35 +74,21 @@ from .render import (
 from .research import RunnerError, open_researcher
 from .results import Outcome, answer_markdown, json_line, outcome_json
 from .settings import (
+    SETTING_FLAGS,
     RunnerOptions,
     Settings,
     SettingsError,
+    flag_of,
     load_settings,
     parse_assignments,
 )
 
 PROG = "tongyi-deepresearch"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-#: The settings with a flag of their own (any other: ``--set NAME=VALUE``).
-SETTING_FLAGS = (
-    "API_BASE_URL",
-    "API_KEY",
-    "MODEL_ID",
-    "MAX_TOOL_ROUNDS",
-    "MAX_RESEARCH_MINUTES",
-    "MAX_CONTEXT_TOKENS",
-    "CONTEXT_STRATEGY",
-    "TEMPERATURE",
-    "MAX_TOKENS",
-    "SEARXNG_URL",
-)
+#: The longest failure reason shown in a batch's closing lines.
+REASON_CHARS = 300
 
 T = TypeVar("T")
-
-
-def _flag(name: str) -> str:
-    return "--" + name.lower().replace("_", "-")
 
 
 def _description(name: str) -> str:
@@ -107,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for name in SETTING_FLAGS:
         group.add_argument(
-            _flag(name), dest=name, metavar="VALUE", help=_description(name)
+            flag_of(name), dest=name, metavar="VALUE", help=_description(name)
         )
     group.add_argument(
         "--allow-private-urls",
@@ -165,8 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument(
         "input", type=Path, help='JSONL input: {"question": …, "answer": …} a line'
     )
-    batch.add_argument(
-        "--output", type=Path, required=True, help="JSONL results (appended)"
+    where = batch.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--output", type=Path, help="JSONL results, every rollout (appended)"
+    )
+    where.add_argument(
+        "--output-dir",
+        type=Path,
+        help="the lab's layout: DIR/iter1.jsonl … one file per rollout "
+        "(appended; what the lab's scorers read)",
     )
     batch.add_argument(
         "--concurrency", type=int, default=4, help="questions at once (default 4)"
@@ -331,13 +337,81 @@ async def _ask(args: argparse.Namespace, settings: Settings) -> int:
 # -- batch ------------------------------------------------------------------------
 
 
-def _read_input(path: Path) -> list[bytes]:
+def _read_input(path: Path) -> tuple[list[Question], list[BadLine]]:
+    """The questions of the input, read line by line (a pipe will do)."""
     try:
-        return json_lines(path.read_bytes())
+        with path.open("rb") as handle:
+            return parse_questions(input_lines(handle))
     except OSError as error:
         raise RunnerError(
             f"cannot read {path}: {error.strerror or error}", code=2
         ) from None
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    """Whether two paths name one existing file (links and spellings aside)."""
+    try:
+        return os.path.samefile(one, other)
+    except OSError:  # one is missing (or unreadable): not the same file
+        return False
+
+
+def _check_outputs(args: argparse.Namespace, outputs: list[OutputFile]) -> None:
+    """Fail before any research when the results cannot go where asked.
+
+    Raises:
+        RunnerError: An output is the input, or cannot be written (exit 2).
+    """
+    for output in outputs:
+        if _same_file(args.input, output.path):
+            raise RunnerError(
+                f"{args.input} is both the input and an output: write the "
+                "results to another file",
+                code=2,
+            )
+    if args.output_dir is not None:
+        try:
+            args.output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise _cannot_write(args.output_dir, error) from None
+    for output in outputs:
+        _check_output(output.path, read_back=True)
+
+
+def _questions(args: argparse.Namespace) -> tuple[list[Question], bool]:
+    """The input's questions, bad lines reported: (questions, any skipped).
+
+    Raises:
+        RunnerError: The input holds no question (exit 2).
+    """
+    questions, bad = _read_input(args.input)
+    for line in bad:
+        _say(f"{args.input}:{line.line}: {line.reason}; line skipped")
+    if not questions:
+        why = "every line was skipped" if bad else "the file is empty"
+        raise RunnerError(f"{args.input} holds no question ({why})", code=2)
+    return questions, bool(bad)
+
+
+def _existing(outputs: list[OutputFile]) -> dict[Path, Existing]:
+    """What each output already holds, its lines reported as it goes."""
+    found: dict[Path, Existing] = {}
+    for output in outputs:
+        path = output.path
+        try:
+            existing = read_existing(path, output.rollout)
+        except OSError as error:
+            raise RunnerError(
+                f"cannot resume from {path}: {error.strerror or error}", code=2
+            ) from None
+        if existing.repaired:
+            _say(f"{path}: an unfinished last record was cut off (it runs again)")
+        for number in existing.unreadable:
+            _say(f"{path}:{number}: not a record; left as it is")
+        for number in existing.too_long:
+            _say(f"{path}:{number}: {too_long()}, not read; left as it is")
+        found[path] = existing
+    return found
 
 
 def _progress_writer(state: BatchState) -> Callable[[dict[str, Any]], None]:
@@ -361,46 +435,109 @@ def _progress_writer(state: BatchState) -> Callable[[dict[str, Any]], None]:
     return show
 
 
+@dataclass
+class _Plan:
+    """What a batch runs, and where its records go."""
+
+    outputs: list[OutputFile]
+    jobs: list[Job]
+    skipped: int
+    #: Per output file, the byte ranges of failed records asked again.
+    stale: dict[Path, list[tuple[int, int]]]
+    #: How the results are named in messages: the file or the directory.
+    where: Path
+
+
+def _plan(args: argparse.Namespace, questions: list[Question]) -> _Plan:
+    outputs = output_files(args.output, args.output_dir, args.rollouts)
+    existing = _existing(outputs)
+    done = {key for found in existing.values() for key in found.done}
+    jobs, skipped = jobs_to_run(questions, args.rollouts, done)
+    # A failed record of the input's questions goes: it is asked again, or
+    # a run of it that ended is there too. A scorer sees one of each.
+    asked = {(q.question, k) for q in questions for k in range(1, args.rollouts + 1)}
+    stale = {
+        path: found.failed_lines(asked & set(found.failed))
+        for path, found in existing.items()
+    }
+    where = args.output_dir if args.output_dir is not None else args.output
+    return _Plan(outputs, jobs, skipped, stale, where)
+
+
+def _drop_stale(plan: _Plan) -> int:
+    """Drop the failed records asked again; how many went."""
+    dropped = 0
+    for path, spans in plan.stale.items():
+        if not spans:
+            continue
+        try:
+            drop_lines(path, spans)
+        except OSError as error:
+            raise _cannot_write(path, error) from None
+        dropped += len(spans)
+    return dropped
+
+
+def _say_failures(state: BatchState) -> None:
+    """How many records failed and why: one line per distinct reason."""
+    count = sum(state.failures.values())
+    if not count:
+        return
+    them = "it" if count == 1 else "them"
+    _say(
+        f"{plural(count, 'record')} failed (run the same command again to ask "
+        f"{them} again):"
+    )
+    for reason, times in state.failures.most_common():
+        _say(f"  {times} × {one_line(reason, REASON_CHARS)}")
+
+
 async def _batch(args: argparse.Namespace, settings: Settings) -> int:
     if args.concurrency < 1 or args.rollouts < 1:
         raise RunnerError("--concurrency and --rollouts must be at least 1", code=2)
-    _check_output(args.output, read_back=True)
-    questions, bad = parse_questions(_read_input(args.input))
-    for line in bad:
-        _say(f"{args.input}:{line.line}: {line.reason}; line skipped")
-    try:
-        existing = read_existing(args.output)
-    except OSError as error:
-        raise RunnerError(
-            f"cannot resume from {args.output}: {error.strerror or error}", code=2
-        ) from None
-    if existing.repaired:
-        _say(f"{args.output}: an unfinished last record was cut off (it runs again)")
-    for number in existing.unreadable:
-        _say(f"{args.output}:{number}: not a record; left as it is")
-    jobs, skipped = jobs_to_run(questions, args.rollouts, existing.done)
-    status = EXIT_FAILED if bad else EXIT_OK
-    if not jobs:
-        _say(f"Nothing to do: all {skipped} records are already in {args.output}.")
+    _check_outputs(args, output_files(args.output, args.output_dir, args.rollouts))
+    questions, skipped_lines = _questions(args)
+    plan = _plan(args, questions)
+    status = EXIT_FAILED if skipped_lines else EXIT_OK
+    if not plan.jobs:
+        _drop_stale(plan)  # failed records an ended run of theirs replaced
+        _say(f"Nothing to do: all {plan.skipped} records are already in {plan.where}.")
         return status
-    state = BatchState(total=len(jobs) + skipped, skipped=skipped)
-    if skipped:
-        _say(f"Resuming: {skipped} records already in {args.output}.")
+    state = BatchState(total=len(plan.jobs) + plan.skipped, skipped=plan.skipped)
+    if plan.skipped:
+        _say(f"Resuming: {plan.skipped} records already in {plan.where}.")
 
     async def work() -> None:
         async with open_researcher(settings) as researcher:
+            # The server answers: only now are failed records given up.
+            dropped = _drop_stale(plan)
+            if dropped:
+                _say(f"Asking again: {plural(dropped, 'failed record')} replaced.")
 
             async def research(job: Job) -> Outcome:
                 return await researcher.run(job.question.question, heavy=args.heavy)
 
-            with _open_for_records(args.output) as handle:
+            with contextlib.ExitStack() as files:
+                writers = {
+                    output.rollout: RecordWriter(
+                        files.enter_context(_open_for_records(output.path))
+                    )
+                    for output in plan.outputs
+                }
+
+                def writer_for(rollout: int) -> RecordWriter:
+                    # One file for all (None), or the lab's file of the rollout.
+                    return writers[None if None in writers else rollout]
+
                 await run_batch(
-                    jobs,
+                    plan.jobs,
                     research,
-                    RecordWriter(handle),
+                    writer_for(1),
                     state,
                     concurrency=args.concurrency,
                     on_record=_progress_writer(state),
+                    writer_for=writer_for,
+                    redact=settings.redactor(),
                 )
 
     _, interrupted = await _until_interrupted(work())
@@ -409,13 +546,24 @@ async def _batch(args: argparse.Namespace, settings: Settings) -> int:
     _say(summary_table(state.records))
     if interrupted:
         _say(
-            f"Interrupted: {state.done} records written to {args.output} "
+            f"Interrupted: {state.done} records written to {plan.where} "
             f"({state.skipped + state.done} of {state.total}); run the same "
             "command again to resume."
         )
+        _say_failures(state)
         return EXIT_INTERRUPTED
-    _say(f"Wrote {state.done} records to {args.output}.")
-    return status
+    _say(f"Wrote {state.done} records to {_written_to(args, plan)}.")
+    _say_failures(state)
+    return EXIT_FAILED if state.failures else status
+
+
+def _written_to(args: argparse.Namespace, plan: _Plan) -> str:
+    if args.output_dir is None:
+        return str(plan.where)
+    files = ITER_FILE.format(rollout=1)
+    if len(plan.outputs) > 1:
+        files += f" … {ITER_FILE.format(rollout=len(plan.outputs))}"
+    return f"{plan.where} ({files})"
 
 
 def _open_for_records(path: Path) -> TextIO:

@@ -132,7 +132,8 @@ def plural(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
-def _one_line(text: str, limit: int = 200) -> str:
+def one_line(text: str, limit: int = 200) -> str:
+    """`text` on one line, cut to `limit` characters (an ellipsis marks a cut)."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -142,6 +143,8 @@ class _Lane:
     """The layout state of one run (or one rollout of a heavy run)."""
 
     prefix: str = ""
+    #: The heavy run's rollout this lane shows (0: the run itself).
+    rollout: int = 0
     round: int = 0
     max_rounds: int = 0
     usage: str = ""
@@ -164,14 +167,14 @@ class TerminalRenderer:
     def _lane(self, rollout: int = 0, rollouts: int = 0) -> _Lane:
         if rollout not in self._lanes:
             prefix = f"[rollout {rollout}/{rollouts}] " if rollout else ""
-            self._lanes[rollout] = _Lane(prefix=prefix)
+            self._lanes[rollout] = _Lane(prefix=prefix, rollout=rollout)
         return self._lanes[rollout]
 
     def render(self, event: RunEvent | ToolStatus) -> str:
         """The text `event` shows (often ""); lines end with a newline."""
         if isinstance(event, ToolStatus):
             lane = self._lane(event.rollout, max(event.rollout, 1))
-            text = _one_line(event.text)
+            text = one_line(event.text, 400)
             if text in lane.calls:  # the call's own line says it already
                 return ""
             return self._flush(lane) + f"{lane.prefix}  · {text}\n"
@@ -225,7 +228,7 @@ class TerminalRenderer:
             usage = f" · {lane.usage}" if lane.usage else ""
             return f"{p}── {round_label(event.round, event.max_rounds)}{usage}\n"
         if isinstance(event, ToolCallStarted):
-            call = _one_line(describe_call(event.name, event.arguments))
+            call = one_line(describe_call(event.name, event.arguments))
             lane.calls = (*lane.calls[-4:], call)
             return f"{p}  → {call}\n"
         if isinstance(event, ToolCallFinished):
@@ -233,7 +236,7 @@ class TerminalRenderer:
             return f"{p}  {mark} {event.name} ({event.seconds:.1f} s)\n"
         if isinstance(event, SourcesAdded):
             return "".join(
-                f"{p}  + [{s.number}] {_one_line(s.title, 80)} <{s.url}>\n"
+                f"{p}  + [{s.number}] {one_line(s.title, 80)} <{s.url}>\n"
                 for s in event.sources
             )
         if isinstance(event, UsageUpdated):
@@ -245,7 +248,7 @@ class TerminalRenderer:
             return ""
         if isinstance(event, ModelRetrying):
             return (
-                f"{p}  ⟳ model server problem ({_one_line(event.reason)}); retry "
+                f"{p}  ⟳ model server problem ({one_line(event.reason)}); retry "
                 f"{event.attempt}/{event.max_attempts} in {event.delay:.0f} s\n"
             )
         if isinstance(event, RunFinished):
@@ -256,7 +259,7 @@ class TerminalRenderer:
         if isinstance(event, WrappingUp):
             return f"{p}  ⚑ {TERMINATION_TEXT[event.reason]}: asking for the answer\n"
         if isinstance(event, ContextWarning):
-            return f"{p}  ⚠ {_one_line(event.text, 400)}\n"
+            return f"{p}  ⚠ {one_line(event.text, 400)}\n"
         if isinstance(event, ConsolidationStarted):
             return (
                 f"{p}  ⇣ context full ({event.context_tokens:,} of "
@@ -269,7 +272,7 @@ class TerminalRenderer:
                 f"{event.tokens_after:,} tokens\n"
             )
         if isinstance(event, ConsolidationFailed):
-            return f"{p}  ⚠ consolidation failed ({_one_line(event.reason)})\n"
+            return f"{p}  ⚠ consolidation failed ({one_line(event.reason)})\n"
         return ""
 
     def _finished(self, lane: _Lane, event: RunFinished) -> str:
@@ -277,13 +280,24 @@ class TerminalRenderer:
         ending = TERMINATION_TEXT.get(event.reason, event.reason)
         text = (
             f"{lane.prefix}── Done: {ending} · {plural(stats.rounds, 'round')} · "
-            f"{plural(len(event.sources), 'source')} · "
+            f"{plural(_sources_read(lane, event), 'source')} · "
             f"{tokens_text(stats.prompt_tokens, stats.completion_tokens, stats.cost)}"
             f" · {duration_text(stats.seconds)}\n"
         )
         if event.error:
-            text += f"{lane.prefix}  ✗ {_one_line(event.error, 600)}\n"
+            text += f"{lane.prefix}  ✗ {one_line(event.error, 600)}\n"
         return text
+
+
+def _sources_read(lane: _Lane, event: RunFinished) -> int:
+    """The pages the lane's run read: a rollout's own, not the whole run's.
+
+    A rollout ends with the run's sources so far (the rollouts share one
+    ledger); each source records the rollouts that read it.
+    """
+    if not lane.rollout:
+        return len(event.sources)
+    return sum(1 for source in event.sources if lane.rollout in source.readers)
 
 
 # -- a batch ----------------------------------------------------------------------
@@ -324,7 +338,8 @@ def summary_table(records: Sequence[Mapping[str, Any]]) -> str:
     if not records:
         return "No records were written in this run.\n"
     endings = Counter(str(r.get("termination")) for r in records)
-    rounds = [float(r.get("rounds") or 0) for r in records]
+    # A failed run's record has no figures: it counts as a record only.
+    rounds = [float(r["rounds"]) for r in records if r.get("rounds") is not None]
     tokens = [
         float((r.get("tokens") or {}).get("total") or 0)
         for r in records

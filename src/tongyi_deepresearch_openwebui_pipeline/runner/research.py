@@ -24,7 +24,7 @@ import datetime as dt
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -44,7 +44,7 @@ from ..adapters.openwebui.valves import (
     research_limits,
     summary_settings,
 )
-from ..core.events import RunEvent, RunFinished
+from ..core.events import RunEvent, RunFinished, WrappingUp
 from ..core.loop import RunState
 from ..core.prompts import system_prompt_with
 from ..core.sources import SourceLedger
@@ -52,6 +52,7 @@ from ..engine.runs import HeavySettings, RunPlan, research, single_run
 from .render import ToolStatus, plural
 from .results import Outcome
 from .settings import Settings
+from .wording import in_runner_words, runner_text
 
 #: What a run reports as it goes: the engine's events and the tools' statuses.
 EventSink = Callable[[RunEvent | ToolStatus], None]
@@ -208,7 +209,12 @@ class Researcher:
             limits=self.limits,
             today=self.today,
             heavy=(
-                HeavySettings(heavy, min(heavy, valves.HEAVY_CONCURRENT_ROLLOUTS))
+                HeavySettings(
+                    heavy,
+                    min(heavy, valves.HEAVY_CONCURRENT_ROLLOUTS),
+                    partial_rollouts=valves.HEAVY_PARTIAL_ROLLOUTS,
+                    branch_steps=valves.HEAVY_BRANCH_STEPS,
+                )
                 if heavy > 1
                 else None
             ),
@@ -238,15 +244,22 @@ class Researcher:
 
             events = research(plan, self.model, tools_for, ledger, self.summarizer)
         finished: RunFinished | None = None
+        wrapped_up = ""
         async with contextlib.aclosing(events):
             async for event in events:
+                event = in_runner_words(event)  # noqa: PLW2901  (said our way)
                 if isinstance(event, RunFinished):
-                    finished = event
+                    # A heavy run's synthesis ends without the run's sources.
+                    event = finished = _with_run_sources(event, ledger)  # noqa: PLW2901
+                elif isinstance(event, WrappingUp):
+                    # The run's own (or the synthesis's) wrap-up, not a
+                    # rollout's: it says which budget the ending came from.
+                    wrapped_up = event.reason
                 if sink is not None:
                     sink(event)
         if finished is None:  # pragma: no cover - the engine always ends so
             raise RuntimeError("the run ended without RunFinished")
-        messages = list(state.messages) if state is not None else list(plan.messages)
+        messages = _messages(finished, state, plan)
         if state is None and finished.answer:
             messages.append(
                 {"role": "assistant", "content": f"<answer>{finished.answer}</answer>"}
@@ -257,7 +270,28 @@ class Researcher:
             messages=messages,
             ledger=ledger,
             seconds=time.monotonic() - started,
+            wrapped_up=wrapped_up,
         )
+
+
+def _messages(
+    finished: RunFinished, state: RunState | None, plan: RunPlan
+) -> list[dict[str, Any]]:
+    """What a record keeps of the run's messages (see `Outcome.messages`).
+
+    A single run's whole trajectory, across consolidations (the
+    conversation as last sent if the run gives none); a heavy run's plan.
+    """
+    if state is None:
+        return list(plan.messages)
+    return list(finished.trajectory) or list(state.messages)
+
+
+def _with_run_sources(finished: RunFinished, ledger: SourceLedger) -> RunFinished:
+    """`finished` carrying the run's sources (a heavy run's ends without them)."""
+    if finished.sources or not ledger.sources:
+        return finished
+    return replace(finished, sources=tuple(ledger.sources))
 
 
 def _status_relay(sink: EventSink, rollout: int) -> Any:
@@ -273,7 +307,7 @@ def _status_relay(sink: EventSink, rollout: int) -> Any:
             # Open WebUI fills "{{count}}" in the chat; a terminal gets it said.
             text = f"{plural(len(urls), 'result')} for {data.get('query') or 'it'}"
         if isinstance(text, str) and text.strip():
-            sink(ToolStatus(text.strip(), rollout))
+            sink(ToolStatus(runner_text(text.strip()), rollout))
 
     return relay
 

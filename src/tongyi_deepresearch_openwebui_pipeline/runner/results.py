@@ -2,11 +2,22 @@
 
 `Outcome` is a finished run as the runner keeps it; `answer_markdown`,
 `outcome_json` and `batch_record` turn it into what ``ask`` prints and what
-``batch`` writes. A batch record has the fields the lab's runner writes
-(``question``, ``answer`` — the reference answer from the input —,
-``prediction``, ``termination``, ``messages``) plus ``rollout_id``,
-``sources``, ``rounds``, ``tokens``, ``cost``, ``time`` and, when the run
-failed, ``error``.
+``batch`` writes.
+
+A batch record is the lab's (``inference/react_agent.py`` and
+``inference/run_multi_react.py`` in Alibaba-NLP/DeepResearch), so the lab's
+scorers (``evaluation/evaluate_deepsearch_official.py``) read it unchanged:
+
+- a run that ended: ``question``, ``answer`` (the reference answer from the
+  input), ``messages`` (the whole trajectory, `Outcome.messages`),
+  ``prediction``, ``termination``, in the lab's order and with its
+  termination strings (`lab_ending`), then this project's
+  ``rollout_id``, ``sources``, ``rounds``, ``tokens``, ``cost``, ``time``;
+- a run that failed (an error stopped it): exactly the lab's error record,
+  ``question``, ``answer``, ``rollout_idx``, ``rollout_id``, ``error``,
+  ``messages`` (empty) and ``prediction`` ``"[Failed]"`` (`failed_record`).
+  A batch run again asks it again (the lab skips only records without
+  ``error``).
 
 What is written is data, kept as the model and the pages wrote it, and
 always well-formed: `json_line` gives a JSON line that decodes to exactly
@@ -23,7 +34,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..adapters.openwebui.render import sources_list
-from ..core.events import RunFinished
+from ..core.events import (
+    LAB_ANSWER_NOT_FOUND,
+    LAB_CALLS_EXCEEDED,
+    LAB_FORCED_ANSWER,
+    LAB_TIME_LIMIT,
+    RunFinished,
+)
 from ..core.phrasing import UNMARKED_ANSWER_NOTE, no_answer_note, stopped_note
 from ..core.sources import Source, SourceLedger, rewrite_answer
 
@@ -75,11 +92,16 @@ class Outcome:
 
     question: str
     finished: RunFinished
-    #: The conversation as the model saw it last (system prompt first).
+    #: The run's messages, system prompt first: a single run's whole
+    #: trajectory (`RunFinished.trajectory`: every turn and tool result,
+    #: across consolidations); a heavy run's question and final answer.
     messages: list[dict[str, Any]] = field(default_factory=list)
     #: The run's sources (numbered as cited).
     ledger: SourceLedger = field(default_factory=SourceLedger)
     seconds: float = 0.0
+    #: The budget whose end made the run ask for the answer ("round_limit",
+    #: "context_limit", "time_limit"), or "" when it never had to.
+    wrapped_up: str = ""
 
     @property
     def sources(self) -> tuple[Source, ...]:
@@ -146,24 +168,131 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
     return result
 
 
+# -- the lab's records ---------------------------------------------------------------
+
+#: The prefix the lab's agent puts on the ending of a final reply without
+#: ``<answer>…</answer>`` (inference/react_agent.py; its termination strings
+#: are defined once, in `core.events`).
+LAB_FORMAT_ERROR = "format error: "
+#: The lab's prediction when the run found no answer.
+LAB_NO_ANSWER = "No answer found."
+#: The lab's prediction of a failed run (inference/run_multi_react.py).
+LAB_FAILED = "[Failed]"
+
+
+def lab_ending(
+    finished: RunFinished, wrapped_up: str = "", last_reply: str = ""
+) -> tuple[str, str]:
+    """(termination, prediction) of a run that ended, in the lab's words.
+
+    The termination is the one the run itself gives
+    (`RunFinished.lab_termination`, set where the loop knows how it ended),
+    else the runner's reading of the ending (`runner_termination`). The
+    prediction follows the lab's agent: ``No answer found.`` for ``exceed
+    available llm calls`` and ``answer not found``; the lab's time-limit
+    string for ``No answer found after 2h30mins``; for a ``format error: ``
+    ending without an answer, the last reply (the lab predicts that whole
+    reply); else the answer.
+    """
+    termination = finished.lab_termination or runner_termination(finished, wrapped_up)
+    answer = finished.answer.strip()
+    if termination in (LAB_CALLS_EXCEEDED, LAB_ANSWER_NOT_FOUND):
+        return termination, LAB_NO_ANSWER
+    if termination == LAB_TIME_LIMIT:
+        return termination, LAB_TIME_LIMIT
+    if termination.startswith(LAB_FORMAT_ERROR) and not answer:
+        return termination, last_reply
+    return termination, answer
+
+
+def runner_termination(finished: RunFinished, wrapped_up: str = "") -> str:
+    """The lab's termination string for how a run ended, read from its end.
+
+    An answer: the lab's ``answer``, or ``generate an answer as token limit
+    reached`` when the context ran out and the model was asked for it. Our
+    own budgets the lab has no answer for (the round limit and the time
+    limit: the lab's agent never asks for an answer at either) keep our
+    names, ``round_limit`` and ``time_limit``. An answer without
+    ``<answer>`` tags gets the lab's ``format error: `` prefix on that name,
+    as the lab marks its own unmarked final reply at the token limit.
+
+    No answer: the lab's ending of the budget that ran out (`wrapped_up`):
+    the context, ``format error: generate an answer as token limit
+    reached``; the rounds, ``exceed available llm calls``; the time, ``No
+    answer found after 2h30mins`` (the lab's string, whatever
+    ``MAX_RESEARCH_MINUTES`` is: it names the ending, not the time); none,
+    ``answer not found``.
+    """
+    if finished.reason == "answer" or finished.answer.strip():
+        name = (
+            LAB_FORCED_ANSWER if finished.reason == "context_limit" else finished.reason
+        )
+        return ("" if finished.answer_marked else LAB_FORMAT_ERROR) + name
+    limit = wrapped_up if finished.reason == "no_answer" else finished.reason
+    return {
+        "context_limit": LAB_FORMAT_ERROR + LAB_FORCED_ANSWER,
+        "round_limit": LAB_CALLS_EXCEEDED,
+        "time_limit": LAB_TIME_LIMIT,
+    }.get(limit, LAB_ANSWER_NOT_FOUND)
+
+
+def last_reply(messages: list[dict[str, Any]]) -> str:
+    """The content of the model's last message (the lab's ``messages[-1]``)."""
+    for message in reversed(messages):
+        if message.get("role") == "assistant":
+            content = message.get("content")
+            return content.strip() if isinstance(content, str) else ""
+    return ""
+
+
+def failed_record(
+    question: str, reference_answer: Any, rollout_id: int, error: str
+) -> dict[str, Any]:
+    """The record of a run that failed: the lab's, field for field.
+
+    inference/run_multi_react.py writes these keys in this order, the
+    rollout twice (``rollout_idx``, ``rollout_id``), no messages and the
+    prediction ``[Failed]``; its scorers judge that prediction wrong and its
+    runner asks the question again when run again (so does ours).
+    """
+    return {
+        "question": question,
+        "answer": reference_answer,
+        "rollout_idx": rollout_id,
+        "rollout_id": rollout_id,
+        "error": error,
+        "messages": [],
+        "prediction": LAB_FAILED,
+    }
+
+
 def batch_record(
     outcome: Outcome, reference_answer: Any, rollout_id: int
 ) -> dict[str, Any]:
-    """One line of ``batch``'s output, in the lab's runner's shape."""
+    """One line of ``batch``'s output, in the lab's shape (see the module doc)."""
     finished = outcome.finished
-    record: dict[str, Any] = {
+    if finished.reason == "error":
+        return failed_record(
+            outcome.question, reference_answer, rollout_id, finished.error
+        )
+    termination, prediction = lab_ending(
+        finished, outcome.wrapped_up, last_reply(outcome.messages)
+    )
+    return {
         "question": outcome.question,
         "answer": reference_answer,
-        "rollout_id": rollout_id,
-        "prediction": finished.answer.strip(),
-        "termination": finished.reason,
         "messages": outcome.messages,
+        "prediction": prediction,
+        "termination": termination,
+        "rollout_id": rollout_id,
         "sources": source_items(outcome),
         "rounds": finished.stats.rounds,
         "tokens": _tokens(outcome),
         "cost": finished.stats.cost,
         "time": round(outcome.seconds, 3),
     }
-    if finished.error:
-        record["error"] = finished.error
-    return record
+
+
+def is_failed(record: dict[str, Any]) -> bool:
+    """Whether a record is a failed run's (the lab's test: it has ``error``)."""
+    return "error" in record

@@ -15,12 +15,15 @@ addresses). Each is read, later sources winning, from:
 4. flags (``--api-base-url`` … and ``--set NAME=VALUE``).
 
 A bad value is a one-line `SettingsError` naming the setting and where it
-came from, never the value (it may be a key).
+came from, never the value (it may be a key): a ``--set`` argument without
+``=`` or with an unknown name is not echoed either, unless the name is
+one a setting could have.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -70,6 +73,39 @@ class RunnerOptions(BaseModel):
 VALVE_NAMES: frozenset[str] = frozenset(Valves.model_fields)
 OPTION_NAMES: frozenset[str] = frozenset(RunnerOptions.model_fields)
 ALL_NAMES: frozenset[str] = VALVE_NAMES | OPTION_NAMES
+
+#: The settings with a flag of their own (any other: ``--set NAME=VALUE``).
+SETTING_FLAGS = (
+    "API_BASE_URL",
+    "API_KEY",
+    "MODEL_ID",
+    "MAX_TOOL_ROUNDS",
+    "MAX_RESEARCH_MINUTES",
+    "MAX_CONTEXT_TOKENS",
+    "CONTEXT_STRATEGY",
+    "TEMPERATURE",
+    "MAX_TOKENS",
+    "SEARXNG_URL",
+)
+#: Settings whose flag takes no value (it switches the setting on).
+SWITCH_FLAGS = ("ALLOW_PRIVATE_URLS",)
+#: The shortest value taken as quoted when a refusal's message holds it.
+_QUOTED_CHARS = 4
+#: What a setting's name looks like: a name of another shape typed where a
+#: name goes may be a pasted key, and is not echoed.
+_NAME_SHAPE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of setting `name` (``--set NAME=…`` without one)."""
+    if name in SETTING_FLAGS or name in SWITCH_FLAGS:
+        return "--" + name.lower().replace("_", "-")
+    return f"--set {name}=…"
+
+
+def how_to_set(name: str) -> str:
+    """Where the runner takes setting `name` from: ``--api-key or TDR_API_KEY``."""
+    return f"{flag_of(name)} or {ENV_PREFIX}{name}"
 
 
 @dataclass(frozen=True)
@@ -166,15 +202,23 @@ def _env_values(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def parse_assignments(assignments: list[str]) -> dict[str, str]:
-    """``NAME=VALUE`` strings (``--set``) as settings."""
+    """``NAME=VALUE`` strings (``--set``) as settings.
+
+    Raises:
+        SettingsError: An argument is not ``NAME=VALUE`` or names no setting.
+            The message never holds the argument's value, nor a "name" that
+            cannot be one (a key pasted without ``NAME=``).
+    """
     values: dict[str, str] = {}
-    for item in assignments:
+    for number, item in enumerate(assignments, start=1):
         name, sep, value = item.partition("=")
         name = name.strip().upper()
+        which = f"--set (argument {number} of --set)"
         if not sep or not name:
-            raise SettingsError(f"--set {item!r}: expected NAME=VALUE")
+            raise SettingsError(f"{which}: expected NAME=VALUE")
         if name not in ALL_NAMES:
-            raise SettingsError(f"--set: unknown setting {name}")
+            shown = name if _NAME_SHAPE.fullmatch(name) else "(not a setting name)"
+            raise SettingsError(f"{which}: unknown setting {shown}")
         values[name] = value
     return values
 
@@ -190,8 +234,22 @@ def _validated(
             name = ".".join(str(part) for part in item["loc"]) or "settings"
             where = origin.get(name, "")
             where = f" (from {where})" if where else ""
-            problems.append(f"setting {name}{where}: {item['msg']}")
+            reason = _reason(item["msg"], values.get(name))
+            problems.append(f"setting {name}{where}: {reason}")
         raise SettingsError("; ".join(problems)) from None
+
+
+def _reason(message: str, value: Any) -> str:
+    """Why a value was refused: the validator's words, unless they quote it.
+
+    Pydantic's own messages say what was expected, not what was given; a
+    validator's message could hold the value (a key): then only "invalid
+    value" is said. (A value shorter than `_QUOTED_CHARS` is in a message by
+    chance, "1" in "less than 10", and is no key.)
+    """
+    given = str(value).strip() if value is not None else ""
+    quoted = len(given) >= _QUOTED_CHARS and given in message
+    return "invalid value" if quoted else message
 
 
 def load_settings(

@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from ...core.loop import Limits
+from ...core.consolidation import SUMMARY_MAX_TOKENS
+from ...core.loop import AtLimit, Limits
 from .. import secrets
 from ..model_client import ModelSettings
 from .catalog import CATALOG
@@ -105,8 +106,10 @@ class BaseValves(BaseModel):
         le=1_048_576,
         description=(
             "Context budget in tokens; when the conversation grows past it the "
-            "model must answer (reference: 112640 for a 128K model). Lower it when "
-            "your server serves a shorter context."
+            "model must answer (reference: 112640 for a 128K model); with "
+            "CONTEXT_STRATEGY=consolidate it is summarised at 0.9 x (this, or "
+            "the served context if smaller, - 1000) tokens (ReSum's MAX_CONTEXT). "
+            "Lower it when your server serves a shorter context."
         ),
     )
     MAX_RESEARCH_MINUTES: float = Field(
@@ -185,8 +188,9 @@ class BaseValves(BaseModel):
     HEAVY_ENABLED: bool = Field(
         default=True,
         description=(
-            "Offer the 'Tongyi DeepResearch Heavy' model: several research "
-            "rollouts at once, then one synthesis of their findings."
+            "Offer the 'Tongyi DeepResearch Heavy' model: the lab's ParallelMuse. "
+            "Several research rollouts, then the model writes a report of each "
+            "and answers from them."
         ),
     )
     HEAVY_ROLLOUTS: int = Field(
@@ -205,13 +209,35 @@ class BaseValves(BaseModel):
             "without --parallel)."
         ),
     )
-    CONTEXT_STRATEGY: Literal["consolidate", "wrap_up"] = Field(
+    HEAVY_PARTIAL_ROLLOUTS: bool = Field(
+        default=True,
+        description=(
+            "ParallelMuse's partial rollouts: the first rollout runs alone and "
+            "the others branch from its most uncertain steps, measured from "
+            "token log-probabilities (vLLM, SGLang and llama.cpp return them; "
+            "without them the others start from the question once its first "
+            "reply shows it). Off: every rollout starts from the question at once."
+        ),
+    )
+    HEAVY_BRANCH_STEPS: int = Field(
+        default=2,
+        ge=1,
+        le=8,
+        description=(
+            "Most uncertain steps of the first rollout that the others branch "
+            "from, the most uncertain first (ParallelMuse: 2)."
+        ),
+    )
+    CONTEXT_STRATEGY: Literal["consolidate", "wrap_up", "reference"] = Field(
         default="consolidate",
         description=(
-            "When the conversation fills the context: 'consolidate' writes the "
-            "research state (findings with their URLs, open points, dead ends) "
-            "and goes on from it, so research outlives a 32K context; "
-            "'wrap_up' asks for the answer at once (the reference behaviour)."
+            "When the conversation fills the context: 'consolidate' summarises "
+            "it as ReSum does (the lab's summary prompt, once it holds 0.9 x "
+            "(context - 1000) tokens) and goes on from the summary, so research "
+            "outlives a 32K context; 'wrap_up' asks for the answer at once; "
+            "'reference' is the lab's inference/react_agent.py at every limit "
+            "(the wrap-up written over the last message, no call past the "
+            "round or time limit)."
         ),
     )
     MAX_CONSOLIDATIONS: int = Field(
@@ -223,8 +249,9 @@ class BaseValves(BaseModel):
     SUMMARY_BASE_URL: str = Field(
         default="",
         description=(
-            "OpenAI-compatible endpoint that writes the research state when the "
-            "run consolidates; empty: the research model's server."
+            "OpenAI-compatible endpoint that writes the summary when the run "
+            "consolidates (the lab used its own ReSum-Tool-30B-A3B); empty: the "
+            "research model's server."
         ),
     )
     SUMMARY_API_KEY: str = Field(
@@ -297,8 +324,14 @@ def model_settings(valves: BaseValves, api_key: str) -> ModelSettings:
     )
 
 
-#: The summary call samples as the lab's ReSum summary call does.
+# The summary call samples as ReSum's does (WebResummer summary_utils.py:
+# temperature 0.6, top_p 0.95, max_tokens 4096, no presence penalty, no
+# stop), whatever the research model's valves say. The client always sends
+# a presence penalty and the protocol's stop sequences: 0.0 is the
+# servers' default, so no penalty; the stops cannot be left out yet.
 SUMMARY_TEMPERATURE = 0.6
+SUMMARY_TOP_P = 0.95
+SUMMARY_PRESENCE_PENALTY = 0.0
 
 
 def summary_settings(
@@ -307,7 +340,8 @@ def summary_settings(
     """How to reach the summary model: its own endpoint, or the research model's.
 
     The research model's key and URL credentials go to the summary endpoint
-    only when it is the research model's server (`SharedEndpoint`).
+    only when it is the research model's server (`SharedEndpoint`). It
+    samples as ReSum's summary call does.
     """
     values = {
         "SUMMARY_BASE_URL": valves.SUMMARY_BASE_URL,
@@ -328,6 +362,9 @@ def summary_settings(
         api_key=values["SUMMARY_API_KEY"],
         model=values["SUMMARY_MODEL"] or research.model,
         temperature=SUMMARY_TEMPERATURE,
+        top_p=SUMMARY_TOP_P,
+        presence_penalty=SUMMARY_PRESENCE_PENALTY,
+        max_tokens=SUMMARY_MAX_TOKENS,
     )
 
 
@@ -339,6 +376,9 @@ def research_limits(valves: BaseValves, served_context_tokens: int) -> Limits:
         served_context_tokens: The context the model server reports (0:
             unknown, then the valves alone hold).
     """
+    strategy = valves.CONTEXT_STRATEGY
+    # The reference run never consolidates: it wraps up as the lab's agent.
+    at_limit: AtLimit = "consolidate" if strategy == "consolidate" else "wrap_up"
     return Limits(
         max_rounds=valves.MAX_TOOL_ROUNDS,
         max_context_tokens=valves.MAX_CONTEXT_TOKENS,
@@ -347,8 +387,9 @@ def research_limits(valves: BaseValves, served_context_tokens: int) -> Limits:
         max_calls_per_turn=valves.MAX_CALLS_PER_TURN,
         model_context_tokens=served_context_tokens,
         max_output_tokens=valves.MAX_TOKENS,
-        at_limit=valves.CONTEXT_STRATEGY,
+        at_limit=at_limit,
         max_consolidations=valves.MAX_CONSOLIDATIONS,
+        reference_run=strategy == "reference",
     )
 
 
