@@ -20,7 +20,9 @@ required_open_webui_version: 0.6.0
 # results are shown with the page URL as publicationInfo (the format has no
 # other place for a link) and as pdfUrl when the page is a PDF.
 #
-# Like Google Scholar, an uncited paper shows no citedBy line.
+# Like the lab's tool, a paper whose API gives a citation count shows a
+# citedBy line, "citedBy: 0" included; a record without a count (arXiv, web
+# results) shows none, as Serper's records without the field do.
 #
 # Self-contained on purpose (stdlib, pydantic, httpx): the web search part
 # repeats a small piece of the search tool so each file loads on its own.
@@ -634,7 +636,7 @@ class _Paper:
     page: str = ""
     info: str = ""
     year: str = ""
-    cited_by: int = 0
+    cited_by: int | None = None
     snippet: str = ""
 
 
@@ -663,7 +665,7 @@ def _format_paper(idx: int, paper: _Paper) -> str:
         text += f"\npublicationInfo: {paper.info}"
     if paper.year:
         text += f"\nDate published: {paper.year}"
-    if paper.cited_by:
+    if paper.cited_by is not None:
         text += f"\ncitedBy: {paper.cited_by}"
     text += "\n"
     if paper.snippet:
@@ -729,11 +731,11 @@ def _year(value: Any) -> str:
     return found.group(0) if found else ""
 
 
-def _count(value: Any) -> int:
-    """A citation count (0 for anything but a sensible positive integer)."""
+def _count(value: Any) -> int | None:
+    """A citation count; None (no line) for anything but a sensible integer."""
     if isinstance(value, bool) or not isinstance(value, int):
-        return 0
-    return value if 0 < value < 10**15 else 0
+        return None
+    return value if 0 <= value < 10**15 else None
 
 
 def _publication_info(authors: list[str], venue: str, year: str) -> str:
@@ -753,7 +755,7 @@ def _paper(
     authors: list[Any] | None = None,
     venue: Any = "",
     year: Any = None,
-    cited: Any = 0,
+    cited: Any = None,
     abstract: Any = "",
 ) -> _Paper:
     """A record from raw API values (any of them may be missing or malformed)."""

@@ -332,7 +332,7 @@ async def test_compressed_answers_are_read(searxng: FakeSearXNG, encoding: str) 
         body = gzip_bytes(answer)
     searxng.script("q", raw=body, headers={"Content-Encoding": encoding})
     text = await search_for(searxng).search(["q"])
-    assert text.endswith("1. [A](https://a.example)\n\nS")
+    assert text.endswith("1. [A](https://a.example)\nSource: a.example\n\nS")
     assert searxng.requests[0].headers["accept-encoding"] == "gzip, deflate"
 
 
@@ -488,7 +488,7 @@ async def test_invalid_search_links_are_dropped(searxng: FakeSearXNG) -> None:
     text = await search_for(searxng).search(["q"], __event_emitter__=events)
     assert text == (
         "A Google search for 'q' found 1 results:\n\n## Web Results\n"
-        "1. [Good](https://good.example)\n"
+        "1. [Good](https://good.example)\nSource: good.example\n"
     )
     assert events.items[-1]["data"]["urls"] == ["https://good.example"]
 
@@ -728,7 +728,7 @@ async def test_searxng_credentials_stay_with_their_host(
             SEARXNG_URL=with_credentials(searxng.search_url)
         )
         text = await tool.search(["q"])
-        assert text.endswith("1. [A](https://a.example)\n")
+        assert text.endswith("1. [A](https://a.example)\nSource: a.example\n")
         assert "authorization" in searxng.requests[0].headers
         assert "authorization" not in other.requests[0].headers
 
@@ -787,5 +787,9 @@ async def test_concurrent_big_answers_finish(
         search_for(searxng).search(["q", "small"]),
         search_for(searxng).search(["q"]),
     )
-    assert texts[0].split("\n=======\n")[1].endswith("1. [S](https://s.example)\n")
+    assert (
+        texts[0]
+        .split("\n=======\n")[1]
+        .endswith("1. [S](https://s.example)\nSource: s.example\n")
+    )
     assert all(t.startswith(expected_header("searxng")) for t in texts)

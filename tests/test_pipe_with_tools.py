@@ -108,7 +108,7 @@ async def test_search_visit_answer_with_real_tools():
     search_result = bodies[1]["messages"][-1]["content"]
     assert search_result == (
         "<tool_response>\nA Google search for 'photosynthesis' found 1 results:\n\n"
-        f"## Web Results\n1. [Plant Biology Notes]({article})\n\n"
+        f"## Web Results\n1. [Plant Biology Notes]({article})\nSource: 127.0.0.1\n\n"
         "How plants turn light into energy.\n</tool_response>"
     )
     visit_result = bodies[2]["messages"][-1]["content"]

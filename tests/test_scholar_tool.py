@@ -131,10 +131,12 @@ async def test_no_pdf_gives_no_available_link(apis: FakeScholarly) -> None:
     )
 
 
-async def test_uncited_paper_has_no_cited_by_line(apis: FakeScholarly) -> None:
+async def test_uncited_paper_shows_cited_by_zero(apis: FakeScholarly) -> None:
     apis.openalex["q"] = [openalex_work("New", authors=("A B",), cited=0)]
     text = await tool_for(apis).google_scholar(["q"])
-    assert text.endswith("1. [New](no available link)\npublicationInfo: A B\n")
+    assert text.endswith(
+        "1. [New](no available link)\npublicationInfo: A B\ncitedBy: 0\n"
+    )
 
 
 async def test_publication_info_without_authors(apis: FakeScholarly) -> None:
@@ -146,7 +148,9 @@ async def test_publication_info_without_authors(apis: FakeScholarly) -> None:
 async def test_bare_record_has_title_only(apis: FakeScholarly) -> None:
     apis.openalex["q"] = [openalex_work("Only a title")]
     text = await tool_for(apis).google_scholar(["q"])
-    assert text == HEADER.format("q", 1) + "1. [Only a title](no available link)\n"
+    assert text == HEADER.format("q", 1) + (
+        "1. [Only a title](no available link)\ncitedBy: 0\n"
+    )
 
 
 async def test_long_abstract_is_cut_at_a_word(apis: FakeScholarly) -> None:
@@ -168,7 +172,7 @@ async def test_abstract_words_are_put_back_in_order(apis: FakeScholarly) -> None
 async def test_records_without_title_are_dropped(apis: FakeScholarly) -> None:
     apis.openalex["q"] = [openalex_work(None), openalex_work("Kept")]
     text = await tool_for(apis).google_scholar(["q"])
-    assert text == HEADER.format("q", 1) + "1. [Kept](no available link)\n"
+    assert text == HEADER.format("q", 1) + "1. [Kept](no available link)\ncitedBy: 0\n"
 
 
 async def test_zero_papers_give_the_no_results_text(apis: FakeScholarly) -> None:
@@ -222,7 +226,8 @@ async def test_semantic_scholar_arxiv_id_gives_a_pdf(apis: FakeScholarly) -> Non
     apis.s2["q"] = [s2_paper("P", arxiv="1810.04805", journal="ArXiv")]
     text = await tool_for(apis, BACKEND="semantic_scholar").google_scholar(["q"])
     assert text.endswith(
-        "1. [P](pdfUrl: https://arxiv.org/pdf/1810.04805)\npublicationInfo: ArXiv\n"
+        "1. [P](pdfUrl: https://arxiv.org/pdf/1810.04805)\npublicationInfo: ArXiv"
+        "\ncitedBy: 0\n"
     )
 
 
@@ -413,7 +418,7 @@ async def test_one_failing_query_does_not_sink_the_others(
     apis.server.routes["/works"] = route
     text = await tool_for(apis).google_scholar(["good", "bad"])
     assert text == (
-        HEADER.format("good", 1) + "1. [G](no available link)\n"
+        HEADER.format("good", 1) + "1. [G](no available link)\ncitedBy: 0\n"
         "\n=======\n"
         "Scholar search failed for 'bad': the service answered HTTP 500. "
         "Please try again later."
@@ -536,7 +541,7 @@ async def test_queries_run_concurrently(apis: FakeScholarly) -> None:
     for name in ("a", "b", "c"):
         apis.openalex[name] = [openalex_work(name.upper())]
     text = await tool_for(apis).google_scholar(["a", "b", "c"])
-    assert [block.split("\n")[-2] for block in text.split("\n=======\n")] == [
+    assert [block.split("\n")[-3] for block in text.split("\n=======\n")] == [
         "1. [A](no available link)",
         "1. [B](no available link)",
         "1. [C](no available link)",

@@ -62,14 +62,16 @@ async def test_title_and_link_only(searxng: FakeSearXNG) -> None:
     text = await direct_tool(searxng).search(["q"])
     assert text == (
         "A Google search for 'q' found 1 results:\n\n## Web Results\n"
-        "1. [Title A](https://a.example/x)\n"
+        "1. [Title A](https://a.example/x)\nSource: a.example\n"
     )
 
 
 async def test_snippet_follows_a_blank_line(searxng: FakeSearXNG) -> None:
     searxng.script("q", results=[result("https://a.example", "A", "Snippet text.")])
     text = await direct_tool(searxng).search(["q"])
-    assert text.endswith("1. [A](https://a.example)\n\nSnippet text.")
+    assert text.endswith(
+        "1. [A](https://a.example)\nSource: a.example\n\nSnippet text."
+    )
 
 
 async def test_empty_or_blank_snippet_is_left_out(searxng: FakeSearXNG) -> None:
@@ -81,7 +83,10 @@ async def test_empty_or_blank_snippet_is_left_out(searxng: FakeSearXNG) -> None:
         ],
     )
     text = await direct_tool(searxng).search(["q"])
-    assert text.endswith("1. [A](https://a.example)\n\n\n2. [B](https://b.example)\n")
+    assert text.endswith(
+        "1. [A](https://a.example)\nSource: a.example\n\n\n"
+        "2. [B](https://b.example)\nSource: b.example\n"
+    )
 
 
 async def test_date_published_in_googles_style(searxng: FakeSearXNG) -> None:
@@ -92,7 +97,9 @@ async def test_date_published_in_googles_style(searxng: FakeSearXNG) -> None:
         ],
     )
     text = await direct_tool(searxng).search(["q"])
-    assert text.endswith("1. [A](https://a.example)\nDate published: May 9, 2025\n\nS")
+    assert text.endswith(
+        "1. [A](https://a.example)\nDate published: May 9, 2025\nSource: a.example\n\nS"
+    )
 
 
 async def test_unparsable_date_is_shown_as_given(searxng: FakeSearXNG) -> None:
@@ -100,7 +107,9 @@ async def test_unparsable_date_is_shown_as_given(searxng: FakeSearXNG) -> None:
         "q", results=[result("https://a.example", "A", None, published="last week")]
     )
     text = await direct_tool(searxng).search(["q"])
-    assert text.endswith("1. [A](https://a.example)\nDate published: last week\n")
+    assert text.endswith(
+        "1. [A](https://a.example)\nDate published: last week\nSource: a.example\n"
+    )
 
 
 def test_source_line_sits_between_date_and_snippet() -> None:
@@ -121,13 +130,15 @@ def test_source_without_date() -> None:
 async def test_missing_title_shows_the_link(searxng: FakeSearXNG) -> None:
     searxng.script("q", results=[result("https://a.example/p", None, "S")])
     text = await direct_tool(searxng).search(["q"])
-    assert text.endswith("1. [https://a.example/p](https://a.example/p)\n\nS")
+    assert text.endswith(
+        "1. [https://a.example/p](https://a.example/p)\nSource: a.example\n\nS"
+    )
 
 
 async def test_line_breaks_in_a_title_are_collapsed(searxng: FakeSearXNG) -> None:
     searxng.script("q", results=[result("https://a.example", "Two\nlines  here", None)])
     text = await direct_tool(searxng).search(["q"])
-    assert text.endswith("1. [Two lines here](https://a.example)\n")
+    assert text.endswith("1. [Two lines here](https://a.example)\nSource: a.example\n")
 
 
 async def test_results_without_link_are_dropped(searxng: FakeSearXNG) -> None:
@@ -138,7 +149,7 @@ async def test_results_without_link_are_dropped(searxng: FakeSearXNG) -> None:
     text = await direct_tool(searxng).search(["q"])
     assert text == (
         "A Google search for 'q' found 1 results:\n\n## Web Results\n"
-        "1. [B](https://b.example)\n"
+        "1. [B](https://b.example)\nSource: b.example\n"
     )
 
 
@@ -147,7 +158,9 @@ async def test_video_text_is_removed(searxng: FakeSearXNG) -> None:
     searxng.script("q", results=[result("https://v.example", "Cats", snippet)])
     text = await direct_tool(searxng).search(["q"])
     assert "play this video" not in text
-    assert text.endswith("1. [Cats](https://v.example)\n\n Learn more about cats.")
+    assert text.endswith(
+        "1. [Cats](https://v.example)\nSource: v.example\n\n Learn more about cats."
+    )
 
 
 async def test_results_are_ranked_by_score(searxng: FakeSearXNG) -> None:
@@ -200,7 +213,8 @@ async def test_unicode_queries_and_results(searxng: FakeSearXNG) -> None:
     assert searxng.queries() == [query]
     assert text == (
         f"A Google search for '{query}' found 1 results:\n\n## Web Results\n"
-        "1. [量子 🧪 标题](https://zh.example/页面)\n\n摘要：进展 ✅"
+        "1. [量子 🧪 标题](https://zh.example/页面)\nSource: zh.example"
+        "\n\n摘要：进展 ✅"
     )
 
 
@@ -213,7 +227,7 @@ async def test_blocks_are_joined_by_the_separator(searxng: FakeSearXNG) -> None:
     text = await direct_tool(searxng).search(["a", "b"])
     assert text == (
         "A Google search for 'a' found 1 results:\n\n## Web Results\n"
-        "1. [A](https://a.example)\n\nsa"
+        "1. [A](https://a.example)\nSource: a.example\n\nsa"
         "\n=======\n" + NO_RESULTS.format("b")
     )
 
@@ -258,11 +272,11 @@ async def test_one_failing_query_does_not_sink_the_others(
     text = await direct_tool(searxng).search(["ok1", "broken", "ok2"])
     assert text.split("\n=======\n") == [
         "A Google search for 'ok1' found 1 results:\n\n## Web Results\n"
-        "1. [One](https://1.example)\n",
+        "1. [One](https://1.example)\nSource: 1.example\n",
         "Search failed for 'broken': the search engine answered HTTP 500. "
         "Please try again later.",
         "A Google search for 'ok2' found 1 results:\n\n## Web Results\n"
-        "1. [Two](https://2.example)\n",
+        "1. [Two](https://2.example)\nSource: 2.example\n",
     ]
 
 
@@ -450,7 +464,7 @@ async def test_a_failing_emitter_does_not_stop_the_search(searxng: FakeSearXNG) 
 
     searxng.script("q", results=[result("https://a.example", "A")])
     text = await direct_tool(searxng).search(["q"], __event_emitter__=broken)
-    assert text.endswith("1. [A](https://a.example)\n")
+    assert text.endswith("1. [A](https://a.example)\nSource: a.example\n")
 
 
 async def test_a_sync_emitter_is_accepted(searxng: FakeSearXNG) -> None:

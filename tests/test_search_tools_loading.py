@@ -210,7 +210,7 @@ def test_search_file_works_alone() -> None:
         out = run_fresh(SEARCH_FILE, "search", {"SEARXNG_URL": searxng.search_url})
     assert out == {
         "text": "A Google search for 'fresh' found 1 results:\n\n## Web Results\n"
-        "1. [Fresh](https://f.example)\n\nsnip",
+        "1. [Fresh](https://f.example)\nSource: f.example\n\nsnip",
         "leaked": [],
     }
 

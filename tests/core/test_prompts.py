@@ -68,9 +68,3 @@ def test_wrap_up_message_matches_reference_text():
         "and provide what you consider the most likely answer in the following "
         "format:<think>your final thinking</think>\n<answer>your answer</answer>"
     )
-
-
-def test_tool_not_found_starts_with_reference_wording():
-    text = prompts.tool_not_found("browse", ["search", "visit"])
-    assert text.startswith("Error: Tool browse not found")
-    assert "search, visit" in text

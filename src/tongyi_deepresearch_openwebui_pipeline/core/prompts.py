@@ -116,15 +116,6 @@ INVALID_TOOL_CALL = (
 )
 
 
-def tool_not_found(name: str, available: Iterable[str]) -> str:
-    """Model-facing error for a call to a tool that is not offered.
-
-    Starts with the reference text, then tells the model what it can use.
-    """
-    names = ", ".join(available) or "none"
-    return f"Error: Tool {name} not found. Available tools: {names}."
-
-
 def format_date(today: dt.date) -> str:
     """The date the way the reference loop appends it (``YYYY-MM-DD``)."""
     return today.strftime("%Y-%m-%d")

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .prompts import INVALID_TOOL_CALL, tool_not_found
+from .prompts import INVALID_TOOL_CALL
 
 try:  # json5 accepts single quotes, trailing commas, comments, bare keys.
     import json5 as _json5
@@ -217,6 +217,16 @@ _EXAMPLES: dict[str, str] = {
 }
 
 
+def tool_not_found(name: str) -> str:
+    """The reference loop's text for a call to a tool it does not offer.
+
+    Exactly the lab's words (inference/react_agent.py, custom_call_tool), with
+    no list of the tools on offer: the system prompt already lists them, and
+    the model was trained on this text.
+    """
+    return f"Error: Tool {name} not found"
+
+
 def _argument_error(name: str, problem: str) -> str:
     example = _EXAMPLES.get(name)
     hint = f" A valid call looks like: {example}" if example else ""
@@ -238,7 +248,7 @@ def check_call(call: ToolCall, available: Iterable[str]) -> ToolCall | CallError
     """Check that the tool is offered and its arguments have the right shape."""
     offered = list(available)
     if call.name not in offered:
-        return CallError(tool_not_found(call.name, offered), call.name, call.arguments)
+        return CallError(tool_not_found(call.name), call.name, call.arguments)
     schema = _SCHEMAS.get(call.name, ())
     arguments = dict(call.arguments)
     for key, kind in schema:

@@ -24,6 +24,12 @@ required_open_webui_version: 0.6.0
 # with the no-results text: it is a reference format and it tells the model
 # what to do next.
 #
+# Decision on "Source:": the reference prints Serper's "source" (a site name)
+# under each result that has one. SearXNG results get the link's host in that
+# line (its engine name would name no site); Open WebUI's engines return only
+# title, link and snippet, so their results have no Source line, as Serper
+# results without the field have none.
+#
 # This file is self-contained (stdlib, pydantic, httpx) so Open WebUI can load it
 # on its own; Open WebUI is imported only inside `_import_openwebui`.
 
@@ -763,7 +769,7 @@ def _searxng_hits(body: bytes, count: int) -> list[_Hit]:
     ranked = sorted(
         (r for r in results if isinstance(r, dict)), key=_score, reverse=True
     )
-    return _hits(
+    hits = _hits(
         ranked,
         count,
         lambda r: (
@@ -773,6 +779,21 @@ def _searxng_hits(body: bytes, count: int) -> list[_Hit]:
             r.get("publishedDate"),
         ),
     )
+    for hit in hits:
+        hit.source = _site(hit.link)
+    return hits
+
+
+def _site(link: str) -> str:
+    """The site a result comes from, for the reference's "Source:" line.
+
+    Serper names the site of each result in its "source" field and the lab's
+    tool prints it; SearXNG has no site name, so the link's host stands in
+    for it (the engine name, e.g. "google", would name no site). The link
+    was checked by `_link`, so the host is a plain name that cannot forge a line.
+    """
+    host = urlsplit(link).hostname or ""
+    return host.removeprefix("www.")
 
 
 async def _searxng_search(
