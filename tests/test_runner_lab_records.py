@@ -30,10 +30,10 @@ from tests.fakes.research_model import QuestionScript
 from tests.fakes.searxng import FakeSearXNG
 from tests.test_runner import World, clean_env, command, write_questions
 from tongyi_deepresearch_openwebui_pipeline.core.events import RunFinished, RunStats
-from tongyi_deepresearch_openwebui_pipeline.core.prompts import (
-    SYNTHESIS_SYSTEM,
-    WRAP_UP_MESSAGE,
+from tongyi_deepresearch_openwebui_pipeline.core.parallelmuse import (
+    CONVERGE_SYSTEM_PROMPT,
 )
+from tongyi_deepresearch_openwebui_pipeline.core.prompts import WRAP_UP_MESSAGE
 from tongyi_deepresearch_openwebui_pipeline.runner import (
     batch,
     research,
@@ -657,9 +657,7 @@ class OneRolloutReads:
 
     def __call__(self, body: dict[str, Any]) -> Reply:
         messages = body.get("messages") or []
-        if not body.get("stream") or str(messages[0]["content"]).startswith(
-            SYNTHESIS_SYSTEM
-        ):
+        if not body.get("stream") or messages[0]["content"] == CONVERGE_SYSTEM_PROMPT:
             return self.script(body)
         if not any(m["role"] == "assistant" for m in messages):
             with self._lock:

@@ -17,8 +17,7 @@ against ``tests/fixtures/lab/``.
 from __future__ import annotations
 
 import datetime as dt
-import re
-from collections.abc import Container, Iterable
+from collections.abc import Iterable
 
 _HEAD = (
     "You are a deep research assistant. Your core function is to conduct thorough, multi-source investigations into any topic. You must handle both broad, open-domain inquiries and queries within specialized academic fields. For every request, synthesize information from credible, diverse sources to deliver a comprehensive, accurate, and objective response. When you have gathered sufficient information and are ready to provide the definitive response, you must enclose the entire final answer within <answer></answer> tags.\n"
@@ -153,124 +152,6 @@ def system_prompt_with(
     prompt = _HEAD + lines + _TAIL + format_date(today)
     preamble = preamble.strip()
     return f"{preamble}\n\n{prompt}" if preamble else prompt
-
-
-# -- Heavy mode: the synthesis of several rollouts --
-#
-# The lab has not published the prompts of its Heavy mode (nor trained the
-# model on one), so these are this project's own, written for the research
-# model as its own aggregator (the approach of ParallelMuse, arXiv 2510.24698).
-# Each rollout's report is built from what the run produced, without another
-# model call: its answer, and the evidence the visit tool extracted from each
-# page it read, numbered as the sources of the whole run.
-
-#: The system message of the synthesis call.
-SYNTHESIS_SYSTEM = (
-    "You are a deep research assistant. You combine the findings of several "
-    "independent research runs on one question into a single, well-supported "
-    "answer. Current date: "
-)
-
-#: The synthesis request: `{count}` reports on `{question}` follow it.
-SYNTHESIS_REQUEST = (
-    "{count} researchers worked on the question below independently: each "
-    "searched the web, read pages and wrote an answer. Their reports follow, "
-    "each with its answer and the evidence taken from the pages it read, "
-    "numbered as sources [n].\n"
-    "\n"
-    "Write the final answer to the question from these reports:\n"
-    "- Rely on the evidence. A claim that several reports support, or that "
-    "rests on quoted evidence, outweighs one that does not; where reports "
-    "disagree, weigh their evidence and say which answer is better supported "
-    "and why.\n"
-    "- Use only what the reports contain; do not invent facts or sources.\n"
-    "- Cite the pages you rely on as Markdown links to their URLs, e.g. "
-    "[title](https://example.org/page).\n"
-    "- Answer in the language of the question.\n"
-    "\n"
-    "Think it through, then give the complete final answer inside "
-    "<answer></answer> tags.\n"
-    "\n"
-    "# Question\n"
-    "\n"
-    "{question}\n"
-    "\n"
-    "{reports}"
-)
-
-#: One rollout's report inside the synthesis request.
-SYNTHESIS_REPORT = "# Report {number} ({ending})\n\n## Answer\n\n{answer}\n\n{evidence}"
-
-#: One source's evidence inside a report.
-SYNTHESIS_SOURCE = "[{number}] {title} ({url})\n{evidence}"
-
-
-def build_synthesis_system(today: dt.date) -> str:
-    """The synthesis call's system message, with today's date."""
-    return SYNTHESIS_SYSTEM + format_date(today)
-
-
-# What a rollout wrote, and what its pages said, goes into the synthesis
-# request between the request's own lines. Its structure is in two kinds of
-# line: Markdown headings ("# Report 2 (…)", "## Answer", "# Question") and
-# source entries ("[3] Title (url)"). A rollout's text is made unable to
-# produce either (`escape_structure_lines`), and its bracketed numbers that
-# are no source of the run are dropped (`drop_unknown_source_numbers`), so a
-# report can neither end early, add a report or a source, nor cite one that
-# does not exist.
-
-#: What ends a line for `str.splitlines` (and so, possibly, for a reader).
-_LINE_BREAKS = r"\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029"
-#: A line starting (after blanks) as a heading or a source entry. Possessive
-#: blanks and a lookahead: each line start is examined once, in linear time.
-_STRUCTURE_LINE = re.compile(
-    rf"(\A|[{_LINE_BREAKS}])([^\S{_LINE_BREAKS}]*+)(?=#|\[[0-9]++\])"
-)
-_SOURCE_NUMBER = re.compile(r"\[([0-9]+)\]")
-#: More digits than any run's count of sources (and than `int` reads quickly).
-_MAX_SOURCE_DIGITS = 6
-#: What may end / start the text around a dropped ``[n]`` and join into a new one.
-_NUMBER_OPENING = frozenset("[0123456789")
-_NUMBER_CLOSING = frozenset("]0123456789")
-
-
-def escape_structure_lines(text: str) -> str:
-    r"""Escape the lines of ``text`` that read as the synthesis request's structure.
-
-    A line that starts (after blanks) with ``#`` or with ``[n]`` gets a
-    backslash before it (``\# Report 4``, ``\[2] Title``), Markdown's escape:
-    still readable, no longer a heading or a source entry. Every line break
-    `str.splitlines` knows counts, and the start of ``text``.
-    """
-    return _STRUCTURE_LINE.sub(lambda line: f"{line[1]}{line[2]}\\", text)
-
-
-def drop_unknown_source_numbers(text: str, known: Container[int]) -> str:
-    """``text`` without the bracketed numbers ``[n]`` that are not in ``known``.
-
-    A rollout never saw the run's numbering, so an ``[n]`` it wrote that is no
-    source of the run cites nothing the synthesis could check: it is dropped
-    rather than shown as a source. Where dropping would join its neighbours
-    into a new ``[n]`` (``[1[99]]``), a space stands in for it (``[1 ]``).
-    """
-    pieces: list[str] = []
-    last, at = "", 0
-    for found in _SOURCE_NUMBER.finditer(text):
-        if _is_known(found[1], known):
-            continue
-        before = text[at : found.start()]
-        last = before[-1:] or last
-        following = text[found.end() : found.end() + 1]
-        joins = last in _NUMBER_OPENING and following in _NUMBER_CLOSING
-        pieces += [before, " " if joins else ""]
-        last = " " if joins else last
-        at = found.end()
-    pieces.append(text[at:])
-    return "".join(pieces)
-
-
-def _is_known(digits: str, known: Container[int]) -> bool:
-    return len(digits) <= _MAX_SOURCE_DIGITS and int(digits) in known
 
 
 # -- Research beyond the context window: ReSum, as published --
