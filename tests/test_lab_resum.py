@@ -28,7 +28,6 @@ from tests.fakes.pages import PageSite
 from tests.test_pipe import drive
 from tests.test_pipe_with_tools import local_tools, make_pipe
 from tongyi_deepresearch_openwebui_pipeline.adapters.model_client import (
-    STOP_SEQUENCES,
     OpenAIModelClient,
 )
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.valves import (
@@ -457,11 +456,7 @@ async def test_a_32k_research_consolidates_with_the_labs_request_and_restart():
             "stream": True,
             "temperature": 0.6,
             "top_p": 0.95,
-            # The lab sends neither: 0.0 is the servers' default penalty, and
-            # the client cannot leave the stop sequences out (yet).
-            "presence_penalty": 0.0,
             "max_tokens": min(4096, SERVED - messages_tokens(messages)),
-            "stop": list(STOP_SEQUENCES),
             "stream_options": {"include_usage": True},
         }
         last = lab_summary(

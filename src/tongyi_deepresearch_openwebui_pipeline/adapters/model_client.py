@@ -95,7 +95,8 @@ class ModelSettings:
     api_key: str = ""
     temperature: float = 0.6
     top_p: float = 0.95
-    presence_penalty: float = 1.1
+    #: None leaves the penalty out of the request (the server's default).
+    presence_penalty: float | None = 1.1
     max_tokens: int = 10000
     timeout_seconds: float = 600.0
     connect_timeout_seconds: float = 30.0
@@ -103,6 +104,8 @@ class ModelSettings:
     backoff_seconds: float = 1.0
     backoff_max_seconds: float = 30.0
     request_usage: bool = True
+    #: The stop sequences every request carries (none when empty).
+    stop: tuple[str, ...] = STOP_SEQUENCES
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
 
@@ -1079,7 +1082,6 @@ class OpenAIModelClient:
         self._sleep = sleep
         self._send_usage_option = settings.request_usage
         self._send_logprobs = True
-        self._stop: tuple[str, ...] = STOP_SEQUENCES
         self._redact = settings.redactor()
 
     def tuned(self, sampling: Sampling) -> OpenAIModelClient:
@@ -1093,10 +1095,10 @@ class OpenAIModelClient:
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             presence_penalty=sampling.presence_penalty,
+            stop=sampling.stop,
         )
         client = OpenAIModelClient(settings, self._http, self._sleep)
         client._send_usage_option = self._send_usage_option
-        client._stop = sampling.stop
         return client
 
     def _headers(self) -> dict[str, str]:
@@ -1131,8 +1133,10 @@ class OpenAIModelClient:
             "presence_penalty": s.presence_penalty,
             "max_tokens": s.max_tokens if max_tokens is None else max_tokens,
         }
-        if self._stop:
-            payload["stop"] = list(self._stop)
+        if s.presence_penalty is None:
+            del payload["presence_penalty"]
+        if s.stop:
+            payload["stop"] = list(s.stop)
         if top_logprobs and self._send_logprobs:
             payload["logprobs"] = True
             payload["top_logprobs"] = top_logprobs

@@ -147,7 +147,7 @@ class Sampling:
 
     temperature: float
     top_p: float
-    presence_penalty: float
+    presence_penalty: float | None
     stop: tuple[str, ...] = ()
 
 

@@ -326,12 +326,10 @@ def model_settings(valves: BaseValves, api_key: str) -> ModelSettings:
 
 # The summary call samples as ReSum's does (WebResummer summary_utils.py:
 # temperature 0.6, top_p 0.95, max_tokens 4096, no presence penalty, no
-# stop), whatever the research model's valves say. The client always sends
-# a presence penalty and the protocol's stop sequences: 0.0 is the
-# servers' default, so no penalty; the stops cannot be left out yet.
+# stop), whatever the research model's valves say: its request carries
+# neither a presence penalty nor stop sequences.
 SUMMARY_TEMPERATURE = 0.6
 SUMMARY_TOP_P = 0.95
-SUMMARY_PRESENCE_PENALTY = 0.0
 
 
 def summary_settings(
@@ -363,7 +361,8 @@ def summary_settings(
         model=values["SUMMARY_MODEL"] or research.model,
         temperature=SUMMARY_TEMPERATURE,
         top_p=SUMMARY_TOP_P,
-        presence_penalty=SUMMARY_PRESENCE_PENALTY,
+        presence_penalty=None,
+        stop=(),
         max_tokens=SUMMARY_MAX_TOKENS,
     )
 
