@@ -5,7 +5,7 @@ SGLang, llama.cpp, Ollama, hosted providers) directly over ``httpx``, on a
 client the caller owns: that client is the test seam and what lets a cancelled
 chat close its connections. (The ``openai`` SDK is not used for this stream:
 ``benchmarks/openai_sdk.py`` measured it at a small fraction of this client's
-throughput; see AGENTS.md.)
+throughput; see docs/protocol.md.)
 
 It normalises the three ways reasoning arrives (``reasoning_content``,
 ``reasoning``, inline ``<think>``) into `ModelDelta(reasoning=…, content=…)` and
@@ -76,6 +76,28 @@ log = logging.getLogger(__name__)
 
 #: The reference agent's stop sequences (the model must not write tool output).
 STOP_SEQUENCES = ("\n<tool_response>", "<tool_response>")
+
+
+_JSON_CONTENT = {"Content-Type": "application/json"}
+
+
+def json_body(value: Any) -> bytes:
+    """``value`` as a UTF-8 JSON request body, whatever its strings hold.
+
+    A server may stream a lone surrogate (JSON's escape of half a pair), and
+    it comes back in the next request's history: UTF-8 cannot encode it, so
+    httpx's own ``json=`` raised and the run ended. Each lone surrogate is
+    sent as U+FFFD; everything else is what httpx 0.28 sends.
+    """
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Through UTF-16, a lone surrogate cannot pair: it decodes as U+FFFD.
+        repaired = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return repaired.encode("utf-8")
+
+
 _TRANSIENT_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
 _MAX_RETRY_AFTER = 60.0
 _MAX_ERROR_BODY = 4096
@@ -494,10 +516,14 @@ async def _probe(
                 request = http.build_request(
                     method,
                     url,
-                    json=body,
+                    content=None if body is None else json_body(body),
                     # A compressed reply inflates a thousandfold or more within
                     # one read, before any cap could be checked.
-                    headers={**settings.auth_headers(), "Accept-Encoding": "identity"},
+                    headers={
+                        **settings.auth_headers(),
+                        "Accept-Encoding": "identity",
+                        **({} if body is None else _JSON_CONTENT),
+                    },
                     timeout=httpx.Timeout(5.0),
                 )
                 response = await http.send(request, stream=True)
@@ -1283,8 +1309,8 @@ class OpenAIModelClient:
         request = self._http.build_request(
             "POST",
             s.completions_url,
-            json=payload,
-            headers=self._headers(),
+            content=json_body(payload),
+            headers={**self._headers(), **_JSON_CONTENT},
             timeout=httpx.Timeout(s.timeout_seconds, connect=s.connect_timeout_seconds),
         )
         received = finished = False
