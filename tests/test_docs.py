@@ -12,6 +12,8 @@ from tongyi_deepresearch_openwebui_pipeline import __version__
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 AGENTS = (ROOT / "AGENTS.md").read_text(encoding="utf-8")
+# The layout, every module with its one line, is in the architecture note.
+LAYOUT = (ROOT / "docs/architecture.md").read_text(encoding="utf-8")
 
 
 def test_readme_valve_tables_match_the_code():
@@ -33,23 +35,30 @@ def test_readme_gives_the_two_commands_and_they_exist():
     assert "bash scripts/test" in ci
 
 
-def test_agents_layout_names_only_files_that_exist():
+def test_layout_names_only_files_that_exist():
     package = ROOT / "src/tongyi_deepresearch_openwebui_pipeline"
-    named = set(re.findall(r"([a-z_]+\.py)\s", AGENTS))
+    named = set(re.findall(r"([a-z_]+\.py)\s", LAYOUT))
     existing = (
         {p.name for p in package.rglob("*.py")}
         | {p.name for p in ROOT.glob("*.py")}
         | {p.name for p in (ROOT / "scripts").glob("*.py")}
     )
-    assert named, "AGENTS.md should describe the layout"
-    assert named <= existing, f"AGENTS.md names missing files: {named - existing}"
+    assert named, "docs/architecture.md should describe the layout"
+    assert named <= existing, f"the layout names missing files: {named - existing}"
 
 
-def test_every_package_module_is_in_the_agents_layout():
+def test_every_package_module_is_in_the_layout():
     package = ROOT / "src/tongyi_deepresearch_openwebui_pipeline"
     modules = {p.name for p in package.rglob("*.py")} - {"__init__.py"}
-    missing = {name for name in modules if name not in AGENTS}
-    assert not missing, f"AGENTS.md does not describe: {missing}"
+    missing = {name for name in modules if name not in LAYOUT}
+    assert not missing, f"docs/architecture.md does not describe: {missing}"
+
+
+def test_agents_md_links_only_notes_that_exist():
+    linked = re.findall(r"\]\((docs/[^)]+\.md)\)", AGENTS)
+    assert sorted(set(linked)) == sorted(
+        f"docs/{note.name}" for note in (ROOT / "docs").glob("*.md")
+    )
 
 
 def test_changelog_has_a_section_for_this_version():
