@@ -115,10 +115,6 @@ class SourceLedger:
         self._titles.add(candidate)
         return candidate
 
-    def read_by(self, reader: int) -> list[Source]:
-        """The sources rollout `reader` read, in citation order."""
-        return [source for source in self.sources if reader in source.readers]
-
     def record(self, data: dict[str, Any], reader: int = 0) -> Source | None:
         """Record a page read (a source event's ``data``); the source if new.
 
@@ -162,15 +158,6 @@ class SourceLedger:
         for key in aliases:
             self._by_key[key] = entry
         return entry
-
-
-#: The note the visit tool ends a source card with ("[Read: main content, …]").
-_READ_NOTE = re.compile(r"\n\n\[Read: [^\]\n]*\]\Z")
-
-
-def evidence_text(source: Source) -> str:
-    """The evidence extracted from the page, without the card's reading note."""
-    return _READ_NOTE.sub("", source.evidence) or source.summary
 
 
 def source_event(source: Source) -> dict[str, Any]:
