@@ -25,6 +25,7 @@ only the few characters of a link or URL that is still being written.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -114,6 +115,15 @@ class SourceLedger:
             counter += 1
         self._titles.add(candidate)
         return candidate
+
+    def restore(self, sources: Iterable[Source], reads: int) -> None:
+        """Take back a checkpoint's ``sources``, their numbers and titles kept."""
+        for source in sources:
+            self.sources.append(source)
+            self._titles.add(source.title)
+            for key in {normalise_url(source.url), *source.aliases}:
+                self._by_key.setdefault(key, source)
+        self.reads = reads
 
     def record(self, data: dict[str, Any], reader: int = 0) -> Source | None:
         """Record a page read (a source event's ``data``); the source if new.
