@@ -233,6 +233,22 @@ def shown(events: list[Event], kind: type[ThinkingDelta] | type[AnswerDelta]) ->
     return "".join(e.text for e in events if isinstance(e, kind))
 
 
+def streamed(name: str, field: str) -> str:
+    """``choices[0].delta[field]`` of every event in ``tests/recorded/<name>``, joined.
+
+    Read with the json module alone, apart from the client under test: the
+    text a long recorded stream carries, to compare the client's with.
+    """
+    lines = Transcript.load(name).body.decode().split("\n")
+    payloads = [
+        json.loads(line[len("data: ") :]) for line in lines if line[:7] == "data: {"
+    ]
+    deltas = [
+        payload["choices"][0]["delta"] for payload in payloads if payload["choices"]
+    ]
+    return "".join(delta.get(field) or "" for delta in deltas)
+
+
 def overflow_message(server: ReplayServer, held: str, said: str) -> str:
     """The client's message for a request refused as too long."""
     return (
@@ -409,6 +425,153 @@ async def test_openrouter_error_after_length_finish_is_not_retried():
     assert result.finishes == ("length", "length")
 
 
+#: The reasoning vLLM's parser sent in vllm_reasoning_parser.http.
+VLLM_REASONING = (
+    "\nOkay, the user wants a reminder to go to the library tomorrow at 2pm. I "
+    "need to use the add_todo function. The parameters required are task and "
+    'time. The task is "go to the library" and the time is "tomorrow at 2pm". '
+    "I should structure the JSON call with those values. Let me make sure the "
+    "keys are correct and the time format is as specified. Alright, that "
+    "should do it.\n"
+)
+VLLM_ANSWER = "Go to the library tomorrow at 2pm."
+
+
+async def test_vllm_reasoning_parser_streams_reasoning_content_then_the_answer():
+    with ReplayServer("vllm_reasoning_parser.http") as server:
+        chunks = await stream(server)
+    result = outcome(chunks)
+    assert (result.reasoning, result.content, result.finishes) == (
+        VLLM_REASONING,
+        f"\n\n<answer>\n{VLLM_ANSWER}\n</answer>",
+        ("tool_calls",),
+    )
+    assert result.usage[-1] == ModelUsage(192, 127, None)
+
+
+async def test_vllm_round_with_reasoning_parser_ends_with_the_answer():
+    with ReplayServer("vllm_reasoning_parser.http") as server:
+        events, _ = await research(server)
+    end = events[-1]
+    assert isinstance(end, RunFinished)
+    assert (end.reason, end.answer, end.answer_marked) == ("answer", VLLM_ANSWER, True)
+    assert shown(events, ThinkingDelta) == VLLM_REASONING.removeprefix("\n")
+    assert shown(events, AnswerDelta) == f"\n{VLLM_ANSWER}\n"
+
+
+async def test_vllm_running_usage_in_every_chunk_counts_the_call_once():
+    # Usage in every chunk is the call's running total: the last one counts.
+    with ReplayServer("vllm_reasoning_parser.http") as server:
+        events, _ = await research(server)
+    end = events[-1]
+    assert isinstance(end, RunFinished)
+    assert (end.stats.prompt_tokens, end.stats.completion_tokens) == (192, 127)
+
+
+async def test_sglang_reasoning_parser_nulls_and_matched_stop_give_the_turn():
+    name = "sglang_reasoning_parser.http"
+    with ReplayServer(name) as server:
+        chunks = await stream(server)
+    assert outcome(chunks) == Outcome(
+        reasoning=streamed(name, "reasoning_content"),
+        content=streamed(name, "content"),
+        finishes=("stop",),
+        usage=(ModelUsage(19, 1720, None),),
+    )
+
+
+async def test_sglang_round_with_reasoning_parser_ends_with_the_answer():
+    name = "sglang_reasoning_parser.http"
+    with ReplayServer(name) as server:
+        events, _ = await research(server)
+    end = events[-1]
+    assert isinstance(end, RunFinished)
+    assert (end.reason, end.answer_marked) == ("answer", True)
+    assert f"<answer>\n{end.answer}\n</answer>" == streamed(name, "content")
+    assert shown(events, ThinkingDelta) == streamed(name, "reasoning_content")
+    assert (end.stats.prompt_tokens, end.stats.completion_tokens) == (19, 1720)
+
+
+async def test_dashscope_reasoning_content_beside_null_content_and_usage():
+    name = "dashscope_reasoning_content.http"
+    with ReplayServer(name) as server:
+        chunks = await stream(server)
+    assert outcome(chunks) == Outcome(
+        reasoning=streamed(name, "reasoning_content"),
+        content=streamed(name, "content"),
+        finishes=("stop",),
+        usage=(ModelUsage(24, 1355, None),),
+    )
+
+
+async def test_dashscope_round_with_reasoning_content_ends_with_the_answer():
+    name = "dashscope_reasoning_content.http"
+    with ReplayServer(name) as server:
+        events, _ = await research(server)
+    end = events[-1]
+    assert isinstance(end, RunFinished)
+    assert (end.reason, end.answer_marked) == ("answer", True)
+    assert f"<answer>\n{end.answer}\n</answer>" == streamed(name, "content")
+    assert end.answer.splitlines()[-1] == "**Answer: 3**"
+    assert shown(events, ThinkingDelta) == streamed(name, "reasoning_content")
+
+
+#: The reasoning llama.cpp parsed out in llamacpp_reasoning_content.http.
+LLAMACPP_REASONING = (
+    'The user: "Say hi in Portuguese". They want a greeting in Portuguese. '
+    'Simple: "Olá!" or "Oi!". Probably respond with "Olá!" or "Oi!".\n\n'
+    "We should keep it concise. We'll respond."
+)
+
+
+async def test_llamacpp_reasoning_content_with_usage_and_timings_after_finish():
+    with ReplayServer("llamacpp_reasoning_content.http") as server:
+        chunks = await stream(server)
+    assert outcome(chunks) == Outcome(
+        reasoning=LLAMACPP_REASONING,
+        content="<answer>\nOlá!\n</answer>",
+        finishes=("stop",),
+        usage=(ModelUsage(84, 57, None),),
+    )
+
+
+async def test_llamacpp_round_with_reasoning_content_ends_with_the_answer():
+    with ReplayServer("llamacpp_reasoning_content.http") as server:
+        events, _ = await research(server)
+    end = events[-1]
+    assert isinstance(end, RunFinished)
+    assert (end.reason, end.answer, end.answer_marked) == ("answer", "Olá!", True)
+    assert shown(events, ThinkingDelta) == LLAMACPP_REASONING
+    assert shown(events, AnswerDelta) == "\nOlá!\n"
+
+
+async def test_ollama_v1_reasoning_field_with_usage_after_the_finish():
+    name = "ollama_v1_reasoning.http"
+    with ReplayServer(name) as server:
+        chunks = await stream(server)
+    assert outcome(chunks) == Outcome(
+        reasoning=streamed(name, "reasoning"),
+        content="<answer>\n1  \n2  \n3\n</answer>",
+        finishes=("stop",),
+        usage=(ModelUsage(17, 289, None),),
+    )
+
+
+async def test_ollama_v1_round_with_reasoning_field_ends_with_the_answer():
+    name = "ollama_v1_reasoning.http"
+    with ReplayServer(name) as server:
+        events, _ = await research(server)
+    end = events[-1]
+    assert isinstance(end, RunFinished)
+    assert (end.reason, end.answer, end.answer_marked) == (
+        "answer",
+        "1  \n2  \n3",
+        True,
+    )
+    assert shown(events, ThinkingDelta) == streamed(name, "reasoning")
+    assert (end.stats.prompt_tokens, end.stats.completion_tokens) == (17, 289)
+
+
 # -- refusals -------------------------------------------------------------------
 
 
@@ -426,6 +589,57 @@ async def test_azure_detail_refusing_stream_options_is_asked_again_without():
         usage=(ModelUsage(46, 14, None),),
         retries=("server does not accept stream_options",),
     )
+
+
+async def test_vllm_extra_forbidden_stream_options_is_asked_again_without():
+    with ReplayServer(
+        "vllm_stream_options_400.http", "vllm_no_reasoning_parser.http"
+    ) as server:
+        chunks = await stream(server)
+        bodies = list(server.bodies)
+    assert [("stream_options" in body) for body in bodies] == [True, False]
+    assert outcome(chunks) == Outcome(
+        reasoning="",
+        content=VLLM_TURN,
+        finishes=("stop",),
+        usage=(ModelUsage(46, 14, None),),
+        retries=("server does not accept stream_options",),
+    )
+
+
+#: What Ollama Cloud said in ollama_cloud_context_overflow_400.http.
+OLLAMA_CLOUD_OVERFLOW = (
+    "prompt too long; exceeded max context length by 1119046 tokens "
+    "(ref: 96164522-08b2-4cbf-886e-e5a38961a688)"
+)
+
+
+async def test_ollama_cloud_context_overflow_400_says_by_how_much_not_the_limit():
+    with ReplayServer("ollama_cloud_context_overflow_400.http") as server:
+        error = await refusal(server)
+        requests = len(server.bodies)
+    assert requests == 1
+    assert isinstance(error, ContextOverflowError)
+    assert error.limit == 0
+    assert error.message == overflow_message(server, "", OLLAMA_CLOUD_OVERFLOW)
+
+
+async def test_ollama_cloud_context_overflow_round_wraps_up_with_the_answer():
+    with ReplayServer(
+        "ollama_cloud_context_overflow_400.http", "ollama_v1_reasoning.http"
+    ) as server:
+        events, _ = await research(server)
+        last_request = server.bodies[-1]["messages"]
+    refused = overflow_message(server, "", OLLAMA_CLOUD_OVERFLOW)
+    assert [e for e in events if isinstance(e, ContextWarning)] == [
+        ContextWarning(
+            f"{refused} Making room and asking for the answer. {RAISE_CONTEXT_HINT}"
+        )
+    ]
+    assert last_request[-1] == {"role": "user", "content": WRAP_UP_MESSAGE}
+    end = events[-1]
+    assert isinstance(end, RunFinished)
+    assert (end.reason, end.answer) == ("context_limit", "1  \n2  \n3")
 
 
 async def test_vllm_context_overflow_400_names_its_limit():

@@ -1314,6 +1314,10 @@ class OpenAIModelClient:
             timeout=httpx.Timeout(s.timeout_seconds, connect=s.connect_timeout_seconds),
         )
         received = finished = False
+        # One call's usage: the last a stream reports. OpenAI sends it once;
+        # vLLM's continuous usage stats (and Cloudflare's Workers AI) send the
+        # running total in every chunk, which counted a call a hundred times.
+        usage: ModelUsage | None = None
         decoder = SSEDecoder()
         try:
             async with asyncio.timeout_at(deadline):
@@ -1328,10 +1332,16 @@ class OpenAIModelClient:
                     if text is None:
                         break
                     for chunk in _read(decoder.feed(text), top_logprobs):
+                        if isinstance(chunk, ModelUsage):
+                            usage = chunk
+                            continue
                         received = received or isinstance(chunk, ModelDelta)
                         finished = finished or isinstance(chunk, ModelFinish)
                         yield chunk
                 for chunk in _read(decoder.flush(), top_logprobs):
+                    if isinstance(chunk, ModelUsage):
+                        usage = chunk
+                        continue
                     received = received or isinstance(chunk, ModelDelta)
                     finished = finished or isinstance(chunk, ModelFinish)
                     yield chunk
@@ -1346,6 +1356,8 @@ class OpenAIModelClient:
             raise _Transient("empty reply")
         if not finished:
             raise _Transient("the stream ended before the reply was complete")
+        if usage is not None:
+            yield usage
 
     async def _check_reply(
         self, response: httpx.Response, asked_logprobs: bool = False
