@@ -42,6 +42,11 @@ def consolidated_state() -> RunState:
     state.peak_context_tokens = 5000
     state.served_context_tokens = 32768
     state.pages = [("https://a.example/x", "A")]
+    state.opening = 1
+    state.question = "Who built the first lighthouse?"
+    state.last_summary = "s"
+    state.context_cap = 30000
+    state.refused_for_length = True
     return state
 
 
@@ -80,6 +85,12 @@ def test_a_checkpoint_reads_back_as_the_run_it_was():
     assert (state.measured_tokens, state.measured_upto) == (1234, 3)
     assert (state.peak_context_tokens, state.served_context_tokens) == (5000, 32768)
     assert state.pages == [("https://a.example/x", "A")]
+    assert (state.opening, state.question) == (1, "Who built the first lighthouse?")
+    assert (state.last_summary, state.context_cap, state.refused_for_length) == (
+        "s",
+        30000,
+        True,
+    )
     # The clock restarts: the resumed run has already taken 95.5 s.
     assert state.started == 1000.0 - 95.5
     assert loaded.sources == original.sources

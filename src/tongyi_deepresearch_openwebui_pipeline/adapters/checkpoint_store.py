@@ -26,32 +26,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from ..core.checkpoint import MAX_BYTES
+from ..core.checkpoint import MAX_BYTES, CheckpointStore
+
+__all__ = ["CheckpointStore", "DatabaseStore", "DirectoryStore"]
 
 #: The table's name in Open WebUI's database (prefixed: it is not Open WebUI's).
 TABLE_NAME = "tongyi_deepresearch_checkpoint"
-
-
-class CheckpointStore(Protocol):
-    """Bytes kept per (owner, chat), across processes and restarts."""
-
-    async def load(self, owner: str, chat: str) -> bytes | None:
-        """The checkpoint kept for ``owner``'s ``chat`` (None: none kept)."""
-        ...
-
-    async def save(self, owner: str, chat: str, data: bytes) -> None:
-        """Keep ``data``, replacing what was kept, all or nothing."""
-        ...
-
-    async def remove(self, owner: str, chat: str) -> None:
-        """Forget the chat's checkpoint (the run finished or was stopped)."""
-        ...
-
-    async def expire(self, older_than: float) -> int:
-        """Forget checkpoints saved before ``older_than``; how many."""
-        ...
 
 
 def _file_name(owner: str, chat: str) -> str:
@@ -155,8 +137,10 @@ class DatabaseStore:
     ) -> None:
         """Use ``engine`` (a SQLAlchemy ``Engine``)."""
         import sqlalchemy as sa  # noqa: PLC0415  (Open WebUI's, not a dependency)
+        import sqlalchemy.exc  # noqa: PLC0415
 
         self._sa = sa
+        self._integrity_error: type[Exception] = sqlalchemy.exc.IntegrityError
         self._engine = engine
         self.max_bytes = max_bytes
         self._clock = clock
@@ -198,7 +182,7 @@ class DatabaseStore:
         self._ensure_table()
         try:
             self._replace(owner, chat, data)
-        except self._sa.exc.IntegrityError:
+        except self._integrity_error:
             # Another process inserted the same key between our delete and
             # insert (PostgreSQL): the newest save wins, as it would in turn.
             self._replace(owner, chat, data)

@@ -22,7 +22,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .events import Counters
 from .loop import RunState
@@ -71,6 +71,26 @@ class Checkpoint:
         ledger = SourceLedger()
         ledger.restore(self.sources, self.reads)
         return ledger
+
+
+class CheckpointStore(Protocol):
+    """Bytes kept per (owner, chat), across processes and restarts."""
+
+    async def load(self, owner: str, chat: str) -> bytes | None:
+        """The checkpoint kept for ``owner``'s ``chat`` (None: none kept)."""
+        ...
+
+    async def save(self, owner: str, chat: str, data: bytes) -> None:
+        """Keep ``data``, replacing what was kept, all or nothing."""
+        ...
+
+    async def remove(self, owner: str, chat: str) -> None:
+        """Forget the chat's checkpoint (the run finished or was stopped)."""
+        ...
+
+    async def expire(self, older_than: float) -> int:
+        """Forget checkpoints saved before ``older_than``; how many."""
+        ...
 
 
 def question_key(question: str) -> str:
@@ -346,6 +366,10 @@ def _typed(value: Any, annotation: str) -> Any:
     kinds = {kind.strip() for kind in annotation.split("|")}
     if value is None and "None" in kinds:
         return None
+    if "bool" in kinds:
+        if not isinstance(value, bool):
+            raise TypeError("expected true or false")
+        return value
     if "int" in kinds and isinstance(value, int):
         return _count(value)
     if "float" in kinds:

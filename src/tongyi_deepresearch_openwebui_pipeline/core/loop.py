@@ -246,6 +246,18 @@ class RunState:
     #: Every message of the run in order, across consolidations
     #: (`RunFinished.trajectory`); the opening conversation when empty.
     trajectory: list[dict[str, Any]] = field(default_factory=list)
+    #: The message the conversation opens with (the question; after a
+    #: consolidation, the restart), which a summary does not summarise; -1
+    #: until the loop finds it when the run starts.
+    opening: int = -1
+    #: The question: the chat's last user message when the run started.
+    question: str = ""
+    #: The last summary as the restart carried it ("" before the first).
+    last_summary: str = ""
+    #: The context the server showed it holds (a refusal, a silent cut).
+    context_cap: int = 0
+    #: The server refused the last request for its length.
+    refused_for_length: bool = False
 
     def __post_init__(self) -> None:
         """The trajectory starts as the conversation the run opens with."""
@@ -379,29 +391,22 @@ class ResearchLoop:
         # What a consolidated conversation keeps: the system messages, and
         # the question (the chat's last user message when the run started).
         self._system = [m for m in state.messages if m.get("role") == "system"]
-        # The message the conversation opens with (the question; after a
-        # consolidation, the restart), which a summary does not summarise.
-        self._opening = next(
-            (
-                index
-                for index in range(len(state.messages) - 1, -1, -1)
-                if state.messages[index].get("role") == "user"
-            ),
-            -1,
-        )
-        self._question = (
-            content_text(state.messages[self._opening].get("content"))
-            if self._opening >= 0
-            else ""
-        )
-        # The last summary as the restart carried it ("" before the first).
-        self._last_summary = ""
+        if state.opening < 0:  # a new run (a resumed one knows its opening)
+            state.opening = next(
+                (
+                    index
+                    for index in range(len(state.messages) - 1, -1, -1)
+                    if state.messages[index].get("role") == "user"
+                ),
+                -1,
+            )
+            state.question = (
+                content_text(state.messages[state.opening].get("content"))
+                if state.opening >= 0
+                else ""
+            )
         # The event loop's timer saw the deadline pass (tools were stopped).
         self._out_of_time_seen = False
-        # The context the server showed it holds (a refusal, a silent cut).
-        self._context_cap = 0
-        # The server refused the last request for its length.
-        self._refused_for_length = False
 
     # -- the loop --
     async def run(self) -> AsyncIterator[Event]:
@@ -433,7 +438,7 @@ class ResearchLoop:
                     yield event
             return
         exhausted = self._exhausted_budget()
-        if self._refused_for_length and not exhausted:
+        if self.state.refused_for_length and not exhausted:
             exhausted = "context_limit"
         if exhausted == "context_limit" and self._may_consolidate():
             consolidation = _Consolidation()
@@ -441,7 +446,7 @@ class ResearchLoop:
                 async for event in events:
                     yield event
             if consolidation.done:
-                self._refused_for_length = False
+                self.state.refused_for_length = False
                 return
             exhausted = self._exhausted_budget() or "context_limit"
         if exhausted:
@@ -525,7 +530,7 @@ class ResearchLoop:
                 # The refused round did not happen: it is asked again after
                 # the consolidation (or the wrap-up answers).
                 self.state.round -= 1
-                self._refused_for_length = True
+                self.state.refused_for_length = True
                 result.refused = True
                 return
             events = self._wrap_up("context_limit")
@@ -716,7 +721,7 @@ class ResearchLoop:
 
     def _cap_context(self, tokens: int) -> None:
         tokens = max(tokens, 1)
-        self._context_cap = min(self._context_cap or tokens, tokens)
+        self.state.context_cap = min(self.state.context_cap or tokens, tokens)
 
     # -- consolidation --
     def _may_consolidate(self) -> bool:
@@ -727,7 +732,7 @@ class ResearchLoop:
         )
 
     def _consolidation_point(self) -> float:
-        return self.limits.consolidation_point(self._context_cap)
+        return self.limits.consolidation_point(self.state.context_cap)
 
     async def _consolidate(self, outcome: _Consolidation) -> _Events:
         """Replace the conversation by the question and its summary, if one comes.
@@ -744,9 +749,9 @@ class ResearchLoop:
             number, self.limits.max_consolidations, before, int(point)
         )
         request, reply_tokens = summary_request(
-            self._question,
-            summarised_history(state.messages, self._opening),
-            self._last_summary,
+            self.state.question,
+            summarised_history(state.messages, self.state.opening),
+            self.state.last_summary,
             self._hard_limit(),
         )
         if reply_tokens < SUMMARY_MIN_TOKENS:
@@ -775,7 +780,7 @@ class ResearchLoop:
                 number, "the summary model wrote no usable summary"
             )
             return
-        restarted = restarted_conversation(self._system, self._question, written)
+        restarted = restarted_conversation(self._system, self.state.question, written)
         after = messages_tokens(restarted)
         if after > MAX_RESTART_SHARE * point:
             yield ConsolidationFailed(
@@ -806,8 +811,8 @@ class ResearchLoop:
         state.trajectory.append(restarted[-1])
         state.measured_tokens, state.measured_upto = None, 0
         state.counters.consolidations += 1
-        self._opening = len(restarted) - 1
-        self._last_summary = summary
+        self.state.opening = len(restarted) - 1
+        self.state.last_summary = summary
 
     async def _summary_call(
         self, request: list[dict[str, Any]], max_tokens: int, call: _SummaryCall
@@ -970,13 +975,13 @@ class ResearchLoop:
     # -- budgets --
     # The budgets, within what the server showed it holds (`_context_cap`).
     def _hard_limit(self) -> int:
-        return self.limits.hard_limit(self._context_cap)
+        return self.limits.hard_limit(self.state.context_cap)
 
     def _reply_room(self) -> int:
-        return self.limits.reply_room(self._context_cap)
+        return self.limits.reply_room(self.state.context_cap)
 
     def _context_limit(self) -> int:
-        return self.limits.context_limit(self._context_cap)
+        return self.limits.context_limit(self.state.context_cap)
 
     def _reply_tokens(self, prompt: int) -> int:
         """The longest reply that fits the served context beside ``prompt``.
@@ -1073,7 +1078,7 @@ class ResearchLoop:
         round after it): False, and nothing changes.
         """
         state = self.state
-        if len(state.messages) - 1 <= self._opening:
+        if len(state.messages) - 1 <= self.state.opening:
             return False
         state.messages[-1]["content"] = text
         if len(state.messages) <= state.measured_upto:
