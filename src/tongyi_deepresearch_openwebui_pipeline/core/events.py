@@ -165,6 +165,15 @@ class RoundStarted:
 
 
 @dataclass(frozen=True)
+class RunResumed:
+    """The run goes on from a checkpoint: `rounds` finished before, `sources` kept."""
+
+    rounds: int
+    sources: tuple[Source, ...]
+    kind: str = "resumed"
+
+
+@dataclass(frozen=True)
 class ThinkingDelta:
     """Reasoning text (or text outside any block), streamed live."""
 
@@ -393,6 +402,7 @@ Event = (
     | Consolidated
     | ConsolidationFailed
     | SourcesAdded
+    | RunResumed
     | RunFinished
 )
 #: What a run of either kind yields: a heavy run adds its rollouts' events and

@@ -43,3 +43,12 @@ def no_answer_note(reason: str) -> str:
     """The note under a run that ended without an answer, saying why."""
     ending = TERMINATION_TEXT.get(reason, reason)
     return f"The model ended without a final answer ({ending})."
+
+
+def resumed_text(rounds: int, pages: int) -> str:
+    """What a resumed run says first: where it goes on from, what it kept."""
+    kept = f"{rounds} round{'s' * (rounds != 1)} and {pages} page{'s' * (pages != 1)}"
+    return (
+        f"Resuming the research from round {rounds + 1}: {kept} read before "
+        "the interruption are kept."
+    )

@@ -52,6 +52,7 @@ from typing import Any
 from ..core.budget import MESSAGE_OVERHEAD_TOKENS, estimate_text_tokens, messages_tokens
 from ..core.events import (
     TERMINATION_TEXT,
+    Consolidated,
     ContextWarning,
     Event,
     ModelChunk,
@@ -62,8 +63,10 @@ from ..core.events import (
     ModelUsage,
     RolloutEvent,
     RolloutSummary,
+    RoundStarted,
     RunEvent,
     RunFinished,
+    RunResumed,
     RunStats,
     SourcesAdded,
     SynthesisStarted,
@@ -101,6 +104,7 @@ from ..core.parallelmuse import (
 )
 from ..core.sources import SourceLedger
 from ..core.toolcalls import ToolCall
+from .checkpoints import Checkpointer
 
 #: Most rollouts one heavy run may start.
 MAX_ROLLOUTS = 8
@@ -163,17 +167,31 @@ def research(
     tools_for: Callable[[int], ToolPort],
     ledger: SourceLedger,
     summarizer: ModelPort | None = None,
+    *,
+    checkpointer: Checkpointer | None = None,
+    resumed: RunState | None = None,
 ) -> AsyncGenerator[RunEvent, None]:
     """Run `plan`: its events, ending with `RunFinished`.
 
     `tools_for(k)` gives rollout k of a heavy run its tools (0: a single run);
     `summarizer` writes the research state when a run consolidates (default:
-    `model`).
+    `model`). A single run saves its progress through `checkpointer` and
+    goes on from `resumed` (a checkpoint's state, with `ledger` its
+    sources) instead of from the plan's messages.
     """
     if plan.heavy is None:
-        state = RunState(messages=list(plan.messages), started=time.monotonic())
+        state = resumed or RunState(
+            messages=list(plan.messages), started=time.monotonic()
+        )
         return single_run(
-            state, model, tools_for(0), plan.limits, ledger, summarizer=summarizer
+            state,
+            model,
+            tools_for(0),
+            plan.limits,
+            ledger,
+            summarizer=summarizer,
+            checkpointer=checkpointer,
+            resuming=resumed is not None,
         )
     heavy = HeavyRun(
         plan.messages,
@@ -196,18 +214,39 @@ async def single_run(
     ledger: SourceLedger,
     *,
     summarizer: ModelPort | None = None,
+    checkpointer: Checkpointer | None = None,
+    resuming: bool = False,
 ) -> AsyncGenerator[RunEvent, None]:
     """One research run: the loop's events, with the pages read numbered.
 
     The sources the tools return are recorded in `ledger` as they come
     (`SourcesAdded` after the call that read them); `RunFinished` carries
-    them all.
+    them all. With a `checkpointer`, the state is saved before every round
+    after the first and after every consolidation, and forgotten when the
+    run ends (but after an error, which a later try may go on from).
+    `resuming`: `state` and `ledger` come from a checkpoint (said first).
     """
+    if resuming:
+        yield RunResumed(state.round, tuple(ledger.sources))
     loop = ResearchLoop(state, model, tools, limits, summarizer=summarizer)
     async with _closing(loop.run()) as events:
         async for event in events:
+            if checkpointer is not None:
+                await _checkpoint(checkpointer, event, state, ledger)
             for recorded in _with_sources(event, ledger, reader=0):
                 yield recorded
+
+
+async def _checkpoint(
+    checkpointer: Checkpointer, event: Event, state: RunState, ledger: SourceLedger
+) -> None:
+    """Save between rounds and after a consolidation; forget at the end."""
+    if isinstance(event, RoundStarted) and event.round > 1:
+        await checkpointer.save_between_rounds(state, ledger, event.round)
+    elif isinstance(event, Consolidated):
+        await checkpointer.save(state, ledger)
+    elif isinstance(event, RunFinished) and event.reason != "error":
+        await checkpointer.finish()
 
 
 def _closing(

@@ -34,6 +34,7 @@ from ..core.events import (
     RoundStarted,
     RunEvent,
     RunFinished,
+    RunResumed,
     SourcesAdded,
     SynthesisStarted,
     ThinkingDelta,
@@ -42,7 +43,7 @@ from ..core.events import (
     UsageUpdated,
     WrappingUp,
 )
-from ..core.phrasing import duration_text, round_label, tokens_text
+from ..core.phrasing import duration_text, resumed_text, round_label, tokens_text
 from .results import well_formed
 
 
@@ -234,6 +235,12 @@ class TerminalRenderer:
         if isinstance(event, ToolCallFinished):
             mark = "✓" if event.ok else "✗ failed:"
             return f"{p}  {mark} {event.name} ({event.seconds:.1f} s)\n"
+        if isinstance(event, RunResumed):
+            kept = "".join(
+                f"{p}  = [{s.number}] {one_line(s.title, 80)} <{s.url}>\n"
+                for s in event.sources
+            )
+            return f"{p}↻ {resumed_text(event.rounds, len(event.sources))}\n{kept}"
         if isinstance(event, SourcesAdded):
             return "".join(
                 f"{p}  + [{s.number}] {one_line(s.title, 80)} <{s.url}>\n"

@@ -49,6 +49,7 @@ from ...core.events import (
     RoundStarted,
     RunEvent,
     RunFinished,
+    RunResumed,
     RunStats,
     SourcesAdded,
     SynthesisStarted,
@@ -63,6 +64,7 @@ from ...core.phrasing import (
     UNMARKED_ANSWER_NOTE,
     duration_text,
     no_answer_note,
+    resumed_text,
     round_label,
     stopped_note,
     tokens_text,
@@ -342,6 +344,17 @@ class ChatRenderer:
         if isinstance(event, SourcesAdded):
             # In the order they are numbered: Open WebUI numbers them so too.
             return Rendered(events=tuple(source_event(s) for s in event.sources))
+        if isinstance(event, RunResumed):
+            # The new message gets the sources read before the interruption,
+            # numbered as they were cited.
+            note = resumed_text(event.rounds, len(event.sources))
+            return Rendered(
+                f"*{note}*\n\n",
+                (
+                    status_payload(self.status_prefix + note),
+                    *(source_event(s) for s in event.sources),
+                ),
+            )
         if isinstance(event, RunFinished):
             text = self._finish(event)
         else:

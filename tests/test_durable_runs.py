@@ -1,0 +1,205 @@
+"""A single run saved between rounds goes on from its last finished round.
+
+The run engine saves the state before each round after the first; a process
+that dies (here: the run is abandoned at the start of round 3, as a SIGKILL
+would leave it) leaves the state after round 2. A new run of the same
+question in the same chat takes it back: the model is asked for round 3 only,
+sources keep their numbers, and the answer cites pages read before and after.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.fakes.scripted_model import ScriptedModel
+from tongyi_deepresearch_openwebui_pipeline.adapters.checkpoint_store import (
+    DirectoryStore,
+)
+from tongyi_deepresearch_openwebui_pipeline.core.events import (
+    ModelError,
+    RoundStarted,
+    RunEvent,
+    RunFinished,
+    RunResumed,
+    ToolOutcome,
+)
+from tongyi_deepresearch_openwebui_pipeline.core.loop import Limits
+from tongyi_deepresearch_openwebui_pipeline.core.sources import SourceLedger
+from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import ToolCall
+from tongyi_deepresearch_openwebui_pipeline.engine.checkpoints import (
+    Checkpointer,
+    RunKey,
+)
+from tongyi_deepresearch_openwebui_pipeline.engine.runs import RunPlan, research
+
+QUESTION = "Which lighthouse was first?"
+PLAN = RunPlan(
+    messages=[
+        {"role": "system", "content": "You are a deep research assistant."},
+        {"role": "user", "content": QUESTION},
+    ],
+    limits=Limits(max_rounds=10),
+    today=dt.date(2026, 11, 26),
+)
+
+
+def visit(url: str) -> str:
+    call = {"name": "visit", "arguments": {"url": [url], "goal": "history"}}
+    thought = f"<think>\nRead {url}.\n</think>\n\n"
+    return f"{thought}<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+
+def page(n: int) -> str:
+    return f"https://pages.example/{n}"
+
+
+class Pages:
+    """A visit tool that reads any page, and counts each read."""
+
+    def __init__(self) -> None:
+        self.read: list[str] = []
+
+    def available(self) -> list[str]:
+        return ["visit"]
+
+    async def run(self, call: ToolCall) -> ToolOutcome:
+        url = call.arguments["url"][0]
+        self.read.append(url)
+        data: dict[str, Any] = {
+            "source": {"name": f"Page {url[-1]}"},
+            "document": [f"evidence of {url}"],
+            "metadata": [{"url": url}],
+        }
+        return ToolOutcome(f"content of {url}", sources=(data,))
+
+
+def checkpointer(store: DirectoryStore, owner: str = "user-1") -> Checkpointer:
+    return Checkpointer(store, RunKey(owner, "chat-1", QUESTION))
+
+
+async def until_round(events: Any, number: int) -> list[RunEvent]:
+    """The run's events until round ``number`` starts; then it is abandoned."""
+    seen: list[RunEvent] = []
+    async for event in events:
+        seen.append(event)
+        if isinstance(event, RoundStarted) and event.round == number:
+            break
+    await events.aclose()
+    return seen
+
+
+async def test_a_resumed_run_asks_only_for_the_rounds_not_finished(tmp_path: Path):
+    store = DirectoryStore(tmp_path)
+    first_model = ScriptedModel(visit(page(1)), visit(page(2)))
+    pages = Pages()
+    await until_round(
+        research(
+            PLAN, first_model, lambda _: pages, SourceLedger(),
+            checkpointer=checkpointer(store),
+        ),
+        3,
+    )  # fmt: skip
+
+    saved = await checkpointer(store).resume()
+    assert saved is not None and saved.state.round == 2
+    answer = f"<answer>\nFirst [a]({page(1)}), then [b]({page(3)}).\n</answer>"
+    second_model = ScriptedModel(visit(page(3)), answer)
+    events = [
+        event
+        async for event in research(
+            PLAN,
+            second_model,
+            lambda _: pages,
+            saved.ledger(),
+            checkpointer=checkpointer(store),
+            resumed=saved.state,
+        )
+    ]
+
+    resumed = events[0]
+    assert isinstance(resumed, RunResumed)
+    assert resumed.rounds == 2
+    assert [(s.number, s.url) for s in resumed.sources] == [(1, page(1)), (2, page(2))]
+    # Round 3 is the first the second model is asked, with rounds 1-2 kept.
+    assert [len(m) for m in second_model.seen] == [6, 8]
+    assert second_model.seen[0] == first_model.seen[1] + [
+        {"role": "assistant", "content": visit(page(2))},
+        {
+            "role": "user",
+            "content": f"<tool_response>\ncontent of {page(2)}\n</tool_response>",
+        },
+    ]
+    assert pages.read == [page(1), page(2), page(3)]  # none read twice
+    end = events[-1]
+    assert isinstance(end, RunFinished)
+    assert end.reason == "answer"
+    assert end.answer == f"First [a]({page(1)}), then [b]({page(3)})."
+    assert [(s.number, s.url) for s in end.sources] == [
+        (1, page(1)),
+        (2, page(2)),
+        (3, page(3)),
+    ]
+    assert end.stats.rounds == 4
+    # The trajectory spans both processes; the finished run is forgotten.
+    assert [m["role"] for m in end.trajectory][:4] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+    ]
+    assert len(end.trajectory) == 9
+    assert await store.load("user-1", "chat-1") is None
+
+
+async def test_another_user_in_the_same_chat_id_starts_from_round_one(tmp_path: Path):
+    store = DirectoryStore(tmp_path)
+    await until_round(
+        research(
+            PLAN, ScriptedModel(visit(page(1))), lambda _: Pages(), SourceLedger(),
+            checkpointer=checkpointer(store),
+        ),
+        2,
+    )  # fmt: skip
+    assert await checkpointer(store, owner="user-2").resume() is None
+    assert await checkpointer(store).resume() is not None
+
+
+async def test_another_question_in_the_chat_starts_afresh(tmp_path: Path):
+    store = DirectoryStore(tmp_path)
+    await until_round(
+        research(
+            PLAN, ScriptedModel(visit(page(1))), lambda _: Pages(), SourceLedger(),
+            checkpointer=checkpointer(store),
+        ),
+        2,
+    )  # fmt: skip
+    other = Checkpointer(store, RunKey("user-1", "chat-1", "Another question?"))
+    assert await other.resume() is None
+
+
+async def test_a_run_an_error_ended_stays_resumable(tmp_path: Path):
+    store = DirectoryStore(tmp_path)
+    model = ScriptedModel(visit(page(1)), ModelError("server down"))
+    events = [
+        event
+        async for event in research(
+            PLAN, model, lambda _: Pages(), SourceLedger(),
+            checkpointer=checkpointer(store),
+        )
+    ]  # fmt: skip
+    end = events[-1]
+    assert isinstance(end, RunFinished) and end.reason == "error"
+    saved = await checkpointer(store).resume()
+    assert saved is not None and saved.state.round == 1
+
+
+async def test_a_damaged_checkpoint_is_said_and_removed(tmp_path: Path):
+    store = DirectoryStore(tmp_path)
+    await store.save("user-1", "chat-1", b'{"format": "tongyi-deepresearch-check')
+    keeper = checkpointer(store)
+    assert await keeper.resume() is None
+    assert keeper.notes == ["Saved progress was not used: it is not JSON."]
+    assert await store.load("user-1", "chat-1") is None
