@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import os
 import re
 import shutil
@@ -40,7 +41,20 @@ from packaging.requirements import Requirement
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "tongyi_deepresearch_openwebui_pipeline"
 PIPE_FILE = "tongyi_deepresearch_pipe.py"
-TOOL_FILES = ("search_tool.py", "scholar_tool.py", "visit_tool.py")
+
+
+def _tool_files() -> tuple[str, ...]:
+    """The pasted tool files: one per tool module of the catalog.
+
+    The tool list is the catalog's (`catalog.tool_modules`), read from this
+    checkout's ``src`` (the package imports only the standard library there).
+    """
+    sys.path.insert(0, str(REPO_ROOT / "src"))
+    catalog = importlib.import_module(f"{PACKAGE}.adapters.openwebui.catalog")
+    return tuple(f"{spec.module}.py" for spec in catalog.tool_modules().values())
+
+
+TOOL_FILES = _tool_files()
 ROOT_FILES = (PIPE_FILE, *TOOL_FILES)
 
 # Frontmatter keys every pasted file must declare, and the ones Open WebUI knows.

@@ -22,12 +22,28 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PACKAGE = "tongyi_deepresearch_openwebui_pipeline"
 
+
+def _tool_tables() -> dict[str, tuple[str, str]]:
+    """One table per tool module of the catalog, named by its file (``search``).
+
+    The tool list is the catalog's (`catalog.tool_modules`), read from this
+    checkout's ``src``.
+    """
+    sys.path.insert(0, str(ROOT / "src"))
+    catalog = importlib.import_module(f"{PACKAGE}.adapters.openwebui.catalog")
+    return {
+        spec.module.removesuffix("_tool"): (
+            f"{PACKAGE}.tools.{spec.module}",
+            "Tools.Valves",
+        )
+        for spec in catalog.tool_modules().values()
+    }
+
+
 TABLES: dict[str, tuple[str, str]] = {
     "pipe": (f"{PACKAGE}.pipes.pipe", "Pipe.Valves"),
     "user": (f"{PACKAGE}.pipes.pipe", "Pipe.UserValves"),
-    "search": (f"{PACKAGE}.tools.search_tool", "Tools.Valves"),
-    "scholar": (f"{PACKAGE}.tools.scholar_tool", "Tools.Valves"),
-    "visit": (f"{PACKAGE}.tools.visit_tool", "Tools.Valves"),
+    **_tool_tables(),
 }
 
 
@@ -77,7 +93,6 @@ def main() -> int:
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "src"))
     if not (args.write or args.check):
         for name in TABLES:
             print(f"<!-- valves:{name} -->\n{table(name)}\n<!-- /valves:{name} -->\n")

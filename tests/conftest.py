@@ -7,8 +7,9 @@ import os
 from hypothesis import HealthCheck, settings
 
 # The end-to-end profiles' session fakes (fake model, SearXNG, pages), defined
-# once for tests/e2e and tests/e2e_scaled.
-pytest_plugins = ["tests.e2e.shared"]
+# once for tests/e2e and tests/e2e_scaled; the fake backends' fixtures every
+# other test shares (`searxng`, `apis`).
+pytest_plugins = ["tests.e2e.shared", "tests.fakes.fixtures"]
 
 # Property tests must not depend on how fast the machine is: no per-example
 # deadline and no "data generation too slow" health check, which a busy machine

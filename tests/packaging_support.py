@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "tongyi_deepresearch_openwebui_pipeline"
 DISTRIBUTION = "tongyi-deepresearch-openwebui-pipeline"
 PIPE_FILE = "tongyi_deepresearch_pipe.py"
-TOOL_FILES = ("search_tool.py", "scholar_tool.py", "visit_tool.py")
+# In the catalog's order (the order the release prints them).
+TOOL_FILES = ("search_tool.py", "visit_tool.py", "scholar_tool.py")
 ROOT_FILES = (PIPE_FILE, *TOOL_FILES)
 TOOLS_DIR = ROOT / "src" / PACKAGE / "tools"
 REPLACED_IMPORT_PREFIXES = ("from utils", "from apps", "from main", "from config")

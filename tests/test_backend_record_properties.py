@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 from xml.sax.saxutils import escape
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -254,11 +255,13 @@ def test_open_webui_results(items: list[Any]) -> None:
 # --- the tool methods themselves never raise ------------------------------------
 
 
-async def test_google_scholar_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def broken() -> None:
-        raise RuntimeError("CA bundle missing")
+def broken_http_client(*_args: Any, **_kwargs: Any) -> Any:
+    """Where a tool builds its HTTP client, an error nobody planned for."""
+    raise RuntimeError("CA bundle missing")
 
-    monkeypatch.setattr(scholar_tool, "_ssl_context", broken)
+
+async def test_google_scholar_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(httpx, "AsyncClient", broken_http_client)
     text = await scholar_tool.Tools().google_scholar(["q"])
     assert text == (
         "Scholar search failed: unexpected error (RuntimeError). "
@@ -267,10 +270,7 @@ async def test_google_scholar_never_raises(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 async def test_search_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def broken() -> None:
-        raise RuntimeError("CA bundle missing")
-
-    monkeypatch.setattr(search_tool, "_ssl_context", broken)
+    monkeypatch.setattr(httpx, "AsyncClient", broken_http_client)
     tool = search_tool.Tools()
     tool.valves.SEARXNG_URL = "http://127.0.0.1:9/search"
     text = await tool.search(["q"])

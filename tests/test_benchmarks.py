@@ -17,6 +17,10 @@ from pathlib import Path
 import pytest
 from benchmarks.report import Row, table
 
+# Runs the benchmarks (`--quick`): over a minute, so out of the quick loop
+# (`-m "not slow and …"`, see pyproject.toml); the full run has it.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Every figure the suite must report (the start of its name in the table).

@@ -27,10 +27,12 @@ from typing import Any
 import pytest
 
 from tests.fakes.client_watch import ClientWatch
+from tests.fakes.events import Events
 from tests.fakes.http import LocalServer
 from tests.fakes.openai_server import FakeOpenAI, Reply, StreamGate, answer, tool_call
 from tests.fakes.pages import PageSite
 from tests.fakes.searxng import FakeSearXNG
+from tests.fakes.waits import Waits
 from tests.test_faults import (
     QUESTION,
     Router,
@@ -91,17 +93,17 @@ class Run:
     def __init__(self, pipe: Pipe) -> None:
         self.pipe = pipe
         self.chunks: list[str] = []
-        self.events: list[dict[str, Any]] = []
+        self.events = Events()
         self.before = asyncio.all_tasks()
         self.task = asyncio.create_task(self._consume())
 
     async def _consume(self) -> None:
-        async def emitter(event: dict[str, Any]) -> None:
-            self.events.append(event)
-
         body = {"messages": QUESTION, "stream": True}
         async for chunk in self.pipe.pipe(
-            body, __user__={"id": "u1"}, __event_emitter__=emitter, __chat_id__="c1"
+            body,
+            __user__={"id": "u1"},
+            __event_emitter__=self.events,
+            __chat_id__="c1",
         ):
             self.chunks.append(chunk)
 
@@ -163,9 +165,7 @@ async def test_stop_while_the_model_streams_its_reply() -> None:
         streamed = "".join(run.chunks).count("word")
         assert 0 < streamed < 2000  # stopped in the middle
         # The last status line says so and is done (it no longer spins).
-        last = [e for e in run.events if e.get("type") == "status"][-1]
-        assert last["data"]["description"] == "Stopped"
-        assert last["data"]["done"] is True
+        assert run.events.ending == "Stopped"
         await assert_next_chat_works(pipe, fake)
 
 
@@ -187,17 +187,22 @@ async def test_stop_while_the_model_has_not_answered_yet() -> None:
 
 async def test_stop_while_waiting_to_retry_the_model() -> None:
     with no_handler_thread_survives(), FakeOpenAI() as fake:
-        # A long Retry-After: the run sleeps in the model client's backoff.
+        # The run's back-off holds until the run is stopped.
         fake.respond_with(lambda _b: Reply(status=429, headers={"Retry-After": "30"}))
-        pipe = real_tools_pipe(fake, {}, MAX_RETRIES=3)
+        waits = Waits(hold=True)
+        pipe = real_tools_pipe(fake, {}, waits, MAX_RETRIES=3)
         run = Run(pipe)
 
         def retrying() -> bool:
-            return any("retrying" in str(e["data"]) for e in run.events)
+            return waits == [30.0] and any(
+                "retrying 2/3 in 30 s" in status.get("description", "")
+                for status in run.events.statuses()
+            )
 
         await run.stop_when(retrying, "the retry wait")
         await assert_clients_left([fake.server], [])
         assert len(fake.bodies) == 1
+        waits.hold = False
         await assert_next_chat_works(pipe, fake)
 
 
@@ -316,11 +321,8 @@ def open_chat(
     if model is not None:
         body["model"] = model
 
-    async def emitter(_event: dict[str, Any]) -> None:
-        return None
-
     chat = pipe.pipe(
-        body, __user__={"id": "u1"}, __event_emitter__=emitter, __chat_id__="c1"
+        body, __user__={"id": "u1"}, __event_emitter__=Events(), __chat_id__="c1"
     )
     return chat, []
 

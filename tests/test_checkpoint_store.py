@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import sqlalchemy  # Open WebUI's own database library (a dev dependency here)
 
 from tongyi_deepresearch_openwebui_pipeline.adapters.checkpoint_store import (
     DatabaseStore,
@@ -98,8 +99,6 @@ async def test_a_writer_killed_at_any_moment_leaves_a_whole_checkpoint(tmp_path:
 
 @pytest.fixture
 def database(tmp_path: Path):
-    # Open WebUI's own database library (a dev dependency here).
-    sqlalchemy = pytest.importorskip("sqlalchemy")
     engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'webui.db'}")
     yield engine
     engine.dispose()

@@ -20,11 +20,11 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
+from tests.fakes.chat import drive
 from tests.fakes.long_research import EvidenceTools, evidence_for, page_url
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.pages import PageSite
 from tests.test_lab_resum import LabResearch, is_summary_request, lab_restart
-from tests.test_pipe import drive
 from tests.test_pipe_with_tools import local_tools, make_pipe
 from tongyi_deepresearch_openwebui_pipeline.adapters.model_client import (
     ModelSettings,

@@ -14,9 +14,9 @@ from typing import Any, Literal
 import pytest
 from pydantic import create_model
 
+from tests.fakes.chat import drive
 from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
 from tests.fakes.pages import PageSite
-from tests.test_pipe import drive
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
     SharedEndpoint,
     Toolbox,

@@ -19,6 +19,7 @@ from tongyi_deepresearch_openwebui_pipeline.adapters.checkpoint_store import (
     DirectoryStore,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.events import (
+    ContextWarning,
     ModelError,
     RoundStarted,
     RunEvent,
@@ -203,3 +204,33 @@ async def test_a_damaged_checkpoint_is_said_and_removed(tmp_path: Path):
     assert await keeper.resume() is None
     assert keeper.notes == ["Saved progress was not used: it is not JSON."]
     assert await store.load("user-1", "chat-1") is None
+
+
+class FullDisk(DirectoryStore):
+    """A store whose every save fails, as on a full disk."""
+
+    async def save(self, owner: str, chat: str, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+
+async def test_a_store_that_cannot_save_is_said_once_and_the_run_goes_on(
+    tmp_path: Path,
+):
+    model = ScriptedModel(visit(page(1)), visit(page(2)), "<answer>\nDone.\n</answer>")
+    events = [
+        event
+        async for event in research(
+            PLAN, model, lambda _: Pages(), SourceLedger(),
+            checkpointer=checkpointer(FullDisk(tmp_path)),
+        )
+    ]  # fmt: skip
+    warnings = [e.text for e in events if isinstance(e, ContextWarning)]
+    assert warnings == [
+        "Progress could not be saved (OSError); the research goes on, but "
+        "cannot be resumed if interrupted."
+    ]
+    end = events[-1]
+    assert isinstance(end, RunFinished) and (end.reason, end.answer) == (
+        "answer",
+        "Done.",
+    )

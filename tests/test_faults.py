@@ -19,18 +19,19 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import ValidationError, create_model
 
+from tests.fakes.chat import FakeSearchTools, FakeVisitTools, drive, fake_tools
 from tests.fakes.client_watch import ClientWatch
+from tests.fakes.events import Events
 from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
 from tests.fakes.pages import PageSite
 from tests.fakes.searxng import FakeSearXNG, result
-from tests.test_pipe import FakeSearchTools, FakeVisitTools, drive
+from tests.fakes.waits import Waits
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
     TOOL_MODULES,
     ToolResolver,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.history import RESTART_NOTE
 from tongyi_deepresearch_openwebui_pipeline.core.loop import NO_CALL_NUDGE
-from tongyi_deepresearch_openwebui_pipeline.pipes import pipe as pipe_module
 from tongyi_deepresearch_openwebui_pipeline.pipes.pipe import Pipe
 from tongyi_deepresearch_openwebui_pipeline.tools import search_tool, visit_tool
 
@@ -50,19 +51,9 @@ EVIDENCE = {
 
 
 @pytest.fixture
-def model_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+def model_sleeps() -> Waits:
     """The model client's waits between retries, recorded instead of slept."""
-    recorded: list[float] = []
-
-    async def record(seconds: float) -> None:
-        recorded.append(seconds)
-
-    class RecordingClient(pipe_module.OpenAIModelClient):
-        def __init__(self, settings: Any, http_client: Any, **_: Any) -> None:
-            super().__init__(settings, http_client, sleep=record)
-
-    monkeypatch.setattr(pipe_module, "OpenAIModelClient", RecordingClient)
-    return recorded
+    return Waits()
 
 
 @pytest.fixture
@@ -90,47 +81,41 @@ async def chat(pipe: Pipe, messages: list[dict[str, Any]] | None = None):
         return await drive(pipe, messages or QUESTION)
 
 
-def assert_ended(events: list[dict[str, Any]]) -> None:
-    """The run's last event is the pipe's own final `done` status."""
-    final = events[-1]
-    assert final["type"] == "status", final
-    assert final["data"]["done"] is True
-    assert final["data"]["description"].startswith("Done: ")
-    early = [
-        e
-        for e in events[:-1]
-        if e["type"] == "status"
-        and e["data"].get("done")
-        and not e["data"].get("action")
-    ]
-    assert early == [], "a status other than the last one ended the shimmer"
+def assert_ended(events: Events) -> None:
+    """The run's last event is the pipe's own final `done` status, and only it."""
+    assert events.ending.startswith("Done: "), events.ending
+    assert events.done_too_early() == [], "a status before the last ended the shimmer"
 
 
-def descriptions(events: list[dict[str, Any]]) -> str:
-    return "\n".join(
-        str(e["data"].get("description", "")) for e in events if e["type"] == "status"
-    )
+def descriptions(events: Events) -> str:
+    return "\n".join(events.descriptions())
 
 
-def fake_tools_pipe(base_url: str, **valves: Any) -> Pipe:
-    """The pipe against ``base_url`` with the fake search/visit tools."""
-    resolver = ToolResolver(
-        classes={
-            "search": FakeSearchTools,
-            "visit": FakeVisitTools,
-            "google_scholar": None,
-        }
-    )
-    pipe = Pipe(tool_resolver=resolver)
+def fake_tools_pipe(base_url: str, sleep: Waits | None = None, **valves: Any) -> Pipe:
+    """The pipe against ``base_url`` with the fake search/visit tools.
+
+    Its model client's waits between retries go to ``sleep`` (default: a
+    recorder nobody reads), never to the clock.
+    """
+    pipe = Pipe(tool_resolver=fake_tools(), sleep=Waits() if sleep is None else sleep)
     pipe.valves = pipe.Valves(API_BASE_URL=base_url, **valves)
     return pipe
 
 
-def real_tools_pipe(fake: FakeOpenAI, classes: dict[str, type], **valves: Any) -> Pipe:
-    """The pipe with ``classes`` as its only tools; model and extractor on ``fake``."""
+def real_tools_pipe(
+    fake: FakeOpenAI,
+    classes: dict[str, type],
+    sleep: Waits | None = None,
+    **valves: Any,
+) -> Pipe:
+    """The pipe with ``classes`` as its only tools; model and extractor on ``fake``.
+
+    Its model client's waits between retries go to ``sleep`` (default: a
+    recorder nobody reads), never to the clock.
+    """
     offered: dict[str, type | None] = dict.fromkeys(TOOL_MODULES)
     resolver = ToolResolver(classes={**offered, **classes})
-    pipe = Pipe(tool_resolver=resolver)
+    pipe = Pipe(tool_resolver=resolver, sleep=Waits() if sleep is None else sleep)
     pipe.valves = pipe.Valves(API_BASE_URL=fake.base_url, MODEL_ID=fake.model, **valves)
     return pipe
 
@@ -196,10 +181,12 @@ RETRY_NOTE = re.compile(r"model server problem \((?P<reason>[^)]*)\); retrying 2
 
 
 async def test_refused_connection_gives_up_and_names_the_valve(
-    model_sleeps: list[float],
+    model_sleeps: Waits,
 ) -> None:
     url = f"http://127.0.0.1:{free_port()}/v1"
-    text, _, events = await chat(fake_tools_pipe(url, MAX_RETRIES=3))
+    text, _, events = await chat(
+        fake_tools_pipe(url, sleep=model_sleeps, MAX_RETRIES=3)
+    )
     assert "> ⚠️ **The research stopped:** The model server at " + url in text
     assert "did not give a usable reply after 3 attempts (connection failed:" in text
     assert "API_BASE_URL is right" in text
@@ -228,11 +215,13 @@ async def test_configuration_errors_are_not_retried(
     status: int,
     valves: dict[str, Any],
     expected: str,
-    model_sleeps: list[float],
+    model_sleeps: Waits,
 ) -> None:
     with FakeOpenAI() as fake:
         fake.respond_with(lambda _b: Reply(status=status, error=f"denied for {KEY}"))
-        text, _, events = await chat(fake_tools_pipe(fake.base_url, **valves))
+        text, _, events = await chat(
+            fake_tools_pipe(fake.base_url, sleep=model_sleeps, **valves)
+        )
         attempts = len(fake.bodies)
     assert attempts == 1 and model_sleeps == []
     assert "The research stopped:" in text and expected in text
@@ -249,14 +238,16 @@ async def test_configuration_errors_are_not_retried(
     ],
 )
 async def test_429_is_retried_after_the_advised_wait(
-    headers: dict[str, str], waits: tuple[float, float], model_sleeps: list[float]
+    headers: dict[str, str], waits: tuple[float, float], model_sleeps: Waits
 ) -> None:
     with FakeOpenAI() as fake:
         fake.script(
             Reply(status=429, headers=headers, error="slow down"),
             Reply(content=answer(FINAL)),
         )
-        text, _, events = await chat(fake_tools_pipe(fake.base_url, MAX_RETRIES=3))
+        text, _, events = await chat(
+            fake_tools_pipe(fake.base_url, sleep=model_sleeps, MAX_RETRIES=3)
+        )
     assert len(model_sleeps) == 1 and waits[0] <= model_sleeps[0] <= waits[1]
     assert FINAL in text and "research stopped" not in text
     retry = RETRY_NOTE.search(descriptions(events))
@@ -265,22 +256,26 @@ async def test_429_is_retried_after_the_advised_wait(
 
 
 async def test_server_errors_are_retried_then_answered(
-    model_sleeps: list[float],
+    model_sleeps: Waits,
 ) -> None:
     with FakeOpenAI() as fake:
         fake.script(Reply(status=500), Reply(status=502), Reply(content=answer(FINAL)))
-        text, _, events = await chat(fake_tools_pipe(fake.base_url, MAX_RETRIES=3))
+        text, _, events = await chat(
+            fake_tools_pipe(fake.base_url, sleep=model_sleeps, MAX_RETRIES=3)
+        )
     assert len(model_sleeps) == 2
     assert FINAL in text
     assert_ended(events)
 
 
 async def test_server_errors_on_every_attempt_end_with_a_clear_message(
-    model_sleeps: list[float],
+    model_sleeps: Waits,
 ) -> None:
     with FakeOpenAI() as fake:
         fake.respond_with(lambda _b: Reply(status=500, error="boom"))
-        text, _, events = await chat(fake_tools_pipe(fake.base_url, MAX_RETRIES=3))
+        text, _, events = await chat(
+            fake_tools_pipe(fake.base_url, sleep=model_sleeps, MAX_RETRIES=3)
+        )
         attempts = len(fake.bodies)
     assert attempts == 3 and len(model_sleeps) == 2
     assert "did not give a usable reply after 3 attempts (HTTP 500)" in text
@@ -297,12 +292,14 @@ async def test_server_errors_on_every_attempt_end_with_a_clear_message(
     ],
 )
 async def test_broken_stream_is_retried_and_the_answer_arrives(
-    fault: Any, reason: str, model_sleeps: list[float]
+    fault: Any, reason: str, model_sleeps: Waits
 ) -> None:
     turn = {"reasoning": "Recall biology.", "content": answer(FINAL), "chunk_size": 4}
     with FakeOpenAI() as fake:
         fake.script(Reply(**turn, fault=fault), Reply(**turn))
-        text, _, events = await chat(fake_tools_pipe(fake.base_url, MAX_RETRIES=3))
+        text, _, events = await chat(
+            fake_tools_pipe(fake.base_url, sleep=model_sleeps, MAX_RETRIES=3)
+        )
         attempts = len(fake.bodies)
     assert attempts == 2 and len(model_sleeps) == 1
     retry = RETRY_NOTE.search(descriptions(events))
@@ -312,13 +309,15 @@ async def test_broken_stream_is_retried_and_the_answer_arrives(
 
 
 async def test_answer_cut_mid_stream_is_closed_before_the_retry(
-    model_sleeps: list[float],
+    model_sleeps: Waits,
 ) -> None:
     full = FINAL + " This sentence is long enough to be cut in the middle."
     turn = {"reasoning": "Short.", "content": answer(full), "chunk_size": 4}
     with FakeOpenAI() as fake:
         fake.script(Reply(**turn, fault="drop", delay=0.001), Reply(**turn))
-        text, _, events = await chat(fake_tools_pipe(fake.base_url, MAX_RETRIES=3))
+        text, _, events = await chat(
+            fake_tools_pipe(fake.base_url, sleep=model_sleeps, MAX_RETRIES=3)
+        )
     assert len(model_sleeps) == 1
     # Text already shown cannot be taken back: the cut-off answer is ended with
     # a note, and the retried reply starts on its own lines (before the fix a
@@ -331,10 +330,12 @@ async def test_answer_cut_mid_stream_is_closed_before_the_retry(
     assert_ended(events)
 
 
-async def test_stream_cut_on_every_attempt_gives_up(model_sleeps: list[float]) -> None:
+async def test_stream_cut_on_every_attempt_gives_up(model_sleeps: Waits) -> None:
     with FakeOpenAI() as fake:
         fake.respond_with(lambda _b: Reply(content=answer(FINAL), fault="drop"))
-        text, _, events = await chat(fake_tools_pipe(fake.base_url, MAX_RETRIES=2))
+        text, _, events = await chat(
+            fake_tools_pipe(fake.base_url, sleep=model_sleeps, MAX_RETRIES=2)
+        )
     assert (
         "did not give a usable reply after 2 attempts (the stream ended before the "
         "reply was complete)" in text
@@ -358,11 +359,14 @@ async def test_reply_without_call_or_answer_twice_ends_with_that_text() -> None:
     assert_ended(events)
 
 
-async def test_server_that_never_answers_times_out(model_sleeps: list[float]) -> None:
+async def test_server_that_never_answers_times_out(model_sleeps: Waits) -> None:
     with FakeOpenAI() as fake:
         fake.respond_with(lambda _b: Reply(fault="hang"))
         pipe = fake_tools_pipe(
-            fake.base_url, MAX_RETRIES=2, REQUEST_TIMEOUT_SECONDS=0.3
+            fake.base_url,
+            sleep=model_sleeps,
+            MAX_RETRIES=2,
+            REQUEST_TIMEOUT_SECONDS=0.3,
         )
         text, _, events = await chat(pipe)
         attempts = len(fake.bodies)
@@ -372,7 +376,7 @@ async def test_server_that_never_answers_times_out(model_sleeps: list[float]) ->
 
 
 async def test_server_that_stops_mid_stream_times_out(
-    model_sleeps: list[float],
+    model_sleeps: Waits,
 ) -> None:
     with FakeOpenAI() as fake:
         fake.script(
@@ -380,7 +384,10 @@ async def test_server_that_stops_mid_stream_times_out(
             Reply(content=answer(FINAL)),
         )
         pipe = fake_tools_pipe(
-            fake.base_url, MAX_RETRIES=2, REQUEST_TIMEOUT_SECONDS=0.3
+            fake.base_url,
+            sleep=model_sleeps,
+            MAX_RETRIES=2,
+            REQUEST_TIMEOUT_SECONDS=0.3,
         )
         text, _, events = await chat(pipe)
     retry = RETRY_NOTE.search(descriptions(events))

@@ -14,14 +14,14 @@ import asyncio
 import datetime as dt
 import re
 import threading
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from tests.fakes.chat import drive, make_pipe
 from tests.fakes.client_watch import ClientWatch
 from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
-from tests.test_pipe import drive, make_pipe
+from tests.fakes.scripted_model import ScriptedModel
 from tongyi_deepresearch_openwebui_pipeline.core.budget import estimate_text_tokens
 from tongyi_deepresearch_openwebui_pipeline.core.events import RunFinished
 from tongyi_deepresearch_openwebui_pipeline.core.parallelmuse import (
@@ -332,20 +332,6 @@ def test_the_reports_share_what_the_context_leaves_them() -> None:
 # -- the engine alone, as a headless front end would use it -------------------------
 
 
-class ScriptedPort:
-    """A model port in process: each call streams the next scripted content."""
-
-    def __init__(self, *contents: str) -> None:
-        self.contents = list(contents)
-
-    async def stream(
-        self, messages: list[dict[str, Any]], max_tokens: int | None = None
-    ) -> AsyncIterator[Any]:
-        from tongyi_deepresearch_openwebui_pipeline.core.events import ModelDelta
-
-        yield ModelDelta(content=self.contents.pop(0))
-
-
 class PageTools:
     """A tool port whose visit returns the page it read as a source."""
 
@@ -369,7 +355,7 @@ async def test_the_engine_runs_a_plan_without_any_front_end() -> None:
         limits=runs.Limits(max_rounds=5),
         today=dt.date(2026, 11, 24),
     )
-    model = ScriptedPort(
+    model = ScriptedModel(
         tool_call("visit", {"url": [url], "goal": "the answer"}),
         answer(f"42 ({url})."),
     )

@@ -27,6 +27,7 @@ import pytest
 
 from tongyi_deepresearch_openwebui_pipeline.tools import scholar_tool, search_tool
 
+from .fakes.events import Events
 from .fakes.scholarly import ArxivEntry, FakeScholarly, Fault, atom_feed, openalex_work
 from .fakes.scholarly import s2_paper as s2_record
 from .fakes.searxng import FakeSearXNG, result
@@ -52,30 +53,6 @@ SCHOLAR_UNREADABLE = (
 )
 
 
-@pytest.fixture(scope="module")
-def searxng_server() -> Iterator[FakeSearXNG]:
-    with FakeSearXNG() as server:
-        yield server
-
-
-@pytest.fixture
-def searxng(searxng_server: FakeSearXNG) -> FakeSearXNG:
-    searxng_server.reset()
-    return searxng_server
-
-
-@pytest.fixture(scope="module")
-def apis_server() -> Iterator[FakeScholarly]:
-    with FakeScholarly() as fake:
-        yield fake
-
-
-@pytest.fixture
-def apis(apis_server: FakeScholarly) -> FakeScholarly:
-    apis_server.reset()
-    return apis_server
-
-
 def search_for(searxng: FakeSearXNG, **valves: Any) -> search_tool.Tools:
     tool = search_tool.Tools()
     tool.valves = search_tool.Tools.Valves(SEARXNG_URL=searxng.search_url, **valves)
@@ -91,16 +68,6 @@ def scholar_for(apis: FakeScholarly, **valves: Any) -> scholar_tool.Tools:
         **valves,
     )
     return tool
-
-
-class Events:
-    """Collects emitted events."""
-
-    def __init__(self) -> None:
-        self.items: list[dict] = []
-
-    async def __call__(self, event: dict) -> None:
-        self.items.append(event)
 
 
 # --- multi-MB answers: parsed off the event loop -------------------------------
@@ -476,7 +443,7 @@ async def test_invalid_fallback_links_do_not_break_the_call(
         "\n\nNote: the scholarly database (OpenAlex) did not answer, so these are "
         "general web search results instead of scholarly records."
     )
-    assert events.items[-1]["data"]["urls"] == ["https://good.example/paper.pdf"]
+    assert events[-1]["data"]["urls"] == ["https://good.example/paper.pdf"]
 
 
 async def test_invalid_search_links_are_dropped(searxng: FakeSearXNG) -> None:
@@ -490,7 +457,7 @@ async def test_invalid_search_links_are_dropped(searxng: FakeSearXNG) -> None:
         "A Google search for 'q' found 1 results:\n\n## Web Results\n"
         "1. [Good](https://good.example)\nSource: good.example\n"
     )
-    assert events.items[-1]["data"]["urls"] == ["https://good.example"]
+    assert events[-1]["data"]["urls"] == ["https://good.example"]
 
 
 HOSTILE_WORKS: list[Any] = [
@@ -534,7 +501,7 @@ async def test_hostile_openalex_records_give_the_reference_format(
         "2. [Huge …](pdfUrl: https://ok.example/p.pdf)\n"
         "publicationInfo: " + "N" * 200 + " … - 2019\nDate published: 2019\n"
     )
-    assert events.items[-1]["data"]["urls"] == ["https://ok.example/p.pdf"]
+    assert events[-1]["data"]["urls"] == ["https://ok.example/p.pdf"]
 
 
 @pytest.mark.parametrize(
@@ -569,9 +536,9 @@ async def test_engine_error_quoting_an_invalid_url_keeps_the_call(
     async def failing(request: Any, engine: str, query: str, user: Any = None):
         raise RuntimeError("could not fetch http://[::1 or https://a:b@[zz]/x")
 
-    namespace = standin.namespace()
-    namespace.search_web = failing
-    monkeypatch.setattr(search_tool, "_import_openwebui", lambda: namespace)
+    pieces = standin.namespace()
+    pieces.search_web = failing
+    standin.install(monkeypatch, pieces)
     text = await search_tool.Tools().search(["q"], __request__=standin.request)
     assert text == (
         "Search failed for 'q': unexpected error (RuntimeError). "
@@ -676,7 +643,7 @@ def assert_no_secret(
     assert "HTTP Request" in logged  # httpx's own INFO line was captured
     for secret in secret_forms():
         assert secret not in text
-        assert secret not in json.dumps(events.items)
+        assert secret not in json.dumps(events)
         assert secret not in logged
 
 

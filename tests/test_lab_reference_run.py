@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from tests.core.test_loop import Clock, RecordingTools, ScriptedModel, call
+from tests.core.test_loop import Clock, RecordingTools, call
+from tests.fakes.chat import drive, make_pipe
 from tests.fakes.openai_server import FakeOpenAI, Reply
-from tests.test_pipe import drive, make_pipe
+from tests.fakes.scripted_model import ScriptedModel
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.valves import (
     Valves,
     research_limits,

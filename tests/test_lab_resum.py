@@ -21,11 +21,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.core.test_loop import RecordingTools, ScriptedModel, call
+from tests.core.test_loop import RecordingTools, call
+from tests.fakes.chat import drive
 from tests.fakes.long_research import EvidenceTools, LongResearch, page_url
 from tests.fakes.openai_server import FakeOpenAI, Reply, answer
 from tests.fakes.pages import PageSite
-from tests.test_pipe import drive
+from tests.fakes.scripted_model import ScriptedModel
 from tests.test_pipe_with_tools import local_tools, make_pipe
 from tongyi_deepresearch_openwebui_pipeline.adapters.model_client import (
     OpenAIModelClient,

@@ -2,12 +2,14 @@
 
 Every module of the package is parsed (not imported) and each of its imports
 resolved to the layer it names; an import against the arrows in AGENTS.md's
-diagram fails here with the module and line.
+diagram fails here with the module and line. Within a layer, no modules
+import each other in a circle (imports inside functions count too).
 """
 
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 from typing import Any
 
@@ -34,28 +36,40 @@ def layer_of(path: Path) -> str:
     return path.relative_to(PACKAGE).parts[0]
 
 
+def _package_of(path: Path) -> tuple[str, ...]:
+    """The dotted package ``path`` sits in, as parts (``(NAME, "core")``)."""
+    return path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]
+
+
+def imported_names(path: Path, source: str | None = None) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import in ``path``, lazy ones included.
+
+    A relative import is resolved against the module's package;
+    ``from X import Y`` gives ``X.Y`` (Y may be a module or a name in X).
+    """
+    package = _package_of(path)
+    text = path.read_text(encoding="utf-8") if source is None else source
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = (node.module or "").split(".") if node.module else []
+            if node.level:
+                base = [*package[: len(package) - node.level + 1], *base]
+            found += [
+                (node.lineno, ".".join([*base, alias.name])) for alias in node.names
+            ]
+    return found
+
+
 def imported_layers(path: Path) -> list[tuple[int, str]]:
     """(line, layer) of each import of the package's own modules."""
-    package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if not isinstance(node, ast.Import | ast.ImportFrom):
-            continue
-        names: list[str] = []
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = list(package[: len(package) - node.level + 1])
-                names = [".".join([*base, *(node.module or "").split(".")])]
-                if not node.module:
-                    names = [".".join([*base, alias.name]) for alias in node.names]
-            elif node.module:
-                names = [node.module]
-        else:
-            names = [alias.name for alias in node.names]
-        for name in names:
-            parts = name.strip(".").split(".")
-            if parts[0] == NAME and len(parts) > 1 and parts[1] in ALLOWED:
-                found.append((node.lineno, parts[1]))
+    for line, name in imported_names(path):
+        parts = name.split(".")
+        if parts[0] == NAME and len(parts) > 1 and parts[1] in ALLOWED:
+            found.append((line, parts[1]))
     return found
 
 
@@ -79,8 +93,9 @@ def test_the_check_sees_relative_imports() -> None:
     # The pipe imports all three lower layers: the parser must find them.
     found = {layer for _, layer in imported_layers(PACKAGE / "pipes" / "pipe.py")}
     assert found == {"core", "engine", "adapters"}
+    # The run engine imports the core and its own layer's checkpoints.
     engine = {layer for _, layer in imported_layers(PACKAGE / "engine" / "runs.py")}
-    assert engine == {"core"}
+    assert engine == {"core", "engine"}
 
 
 def test_the_runner_validates_with_the_valves_the_pipe_serves(tmp_path: Path) -> None:
@@ -181,3 +196,63 @@ def test_both_front_ends_describe_a_call_by_its_catalog_entry(
     statuses = [payload["data"]["description"] for payload in chat.render(event).events]
     assert statuses == [f"Round 2/9 · {line}"]
     assert terminal.render(event) == f"  → {line}\n"
+
+
+# -- no import circles ------------------------------------------------------------
+
+
+def module_name(path: Path) -> str:
+    """The dotted name of a module of the package (a package is its ``__init__``)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+ALL_MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_modules(path: Path, source: str | None = None) -> set[str]:
+    """The package's modules that ``path`` imports, at the top or inside a function.
+
+    ``from X import Y`` counts as importing the module ``X.Y`` when there is
+    one, else the module ``X``.
+    """
+    found: set[str] = set()
+    for _, name in imported_names(path, source):
+        parts = name.split(".")
+        while parts and ".".join(parts) not in ALL_MODULES:
+            parts.pop()
+        if parts:
+            found.add(".".join(parts))
+    found.discard(module_name(path))
+    return found
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of imports in ``graph`` (module -> modules it imports), or []."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as error:
+        return list(error.args[1])
+    return []
+
+
+def test_no_module_of_the_package_imports_in_a_circle() -> None:
+    graph = {name: imported_modules(path) for name, path in ALL_MODULES.items()}
+    circle = import_circle(graph)
+    assert not circle, " -> ".join(name.removeprefix(NAME + ".") for name in circle)
+
+
+def test_the_circle_check_sees_a_lazy_import_closing_a_circle() -> None:
+    # What catalog.py did: a handler module imported inside a function, that
+    # module importing the toolbox, the toolbox importing the catalog.
+    openwebui = PACKAGE / "adapters" / "openwebui"
+    lazy = "async def build():\n    from .files import handler\n"
+    graph = {name: imported_modules(path) for name, path in ALL_MODULES.items()}
+    catalog = module_name(openwebui / "catalog.py")
+    files = module_name(openwebui / "files.py")
+    toolbox = module_name(openwebui / "toolbox.py")
+    graph[catalog] = imported_modules(openwebui / "catalog.py", lazy)
+    graph[files] = {toolbox}
+    graph[toolbox] = {catalog}
+    circle = import_circle(graph)
+    assert set(circle) == {catalog, files, toolbox}

@@ -291,14 +291,84 @@ JSON_VALUES = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(st.dictionaries(st.sampled_from(["choices", "usage", "id"]), JSON_VALUES))
+def first_choice(payload: dict) -> dict | None:
+    """The payload's first choice, when it is one (an object in a list)."""
+    choices = payload.get("choices")
+    if type(choices) is list and choices and type(choices[0]) is dict:
+        return choices[0]
+    return None
+
+
+def delta_text(choice: dict, *fields: str) -> str:
+    """The first non-empty of ``fields`` in the choice's delta, when it is text."""
+    delta = choice.get("delta")
+    if type(delta) is not dict:
+        return ""
+    value = next((delta[f] for f in fields if delta.get(f)), "")
+    return value if type(value) is str else ""
+
+
+def token_count(value: object) -> int:
+    """A usage count as the client believes it: a whole number in range, else 0."""
+    if type(value) is int and 0 <= value <= MAX_COUNTED_TOKENS:
+        return value
+    return 0
+
+
+#: The most tokens one call is believed to count (the largest context believed).
+MAX_COUNTED_TOKENS = 16 * 1024 * 1024
+ODD_PAYLOADS = st.dictionaries(st.sampled_from(["choices", "usage", "id"]), JSON_VALUES)
+# Payloads of the expected shape, with odd values where values go.
+SHAPED_PAYLOADS = st.fixed_dictionaries(
+    {
+        "choices": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "delta": st.dictionaries(
+                        st.sampled_from(["content", "reasoning", "reasoning_content"]),
+                        st.text(max_size=5) | JSON_VALUES,
+                    )
+                },
+                optional={"finish_reason": JSON_VALUES},
+            ),
+            min_size=1,
+            max_size=2,
+        )
+    },
+    optional={
+        "usage": st.dictionaries(
+            st.sampled_from(["prompt_tokens", "completion_tokens"]),
+            st.integers(-2, MAX_COUNTED_TOKENS + 2) | JSON_VALUES,
+        )
+    },
 )
-def test_odd_payload_shapes_never_crash(payloads):
-    for chunk in chunks_of(payloads):
-        if isinstance(chunk, ModelUsage):
-            assert chunk.prompt_tokens >= 0 and chunk.completion_tokens >= 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ODD_PAYLOADS | SHAPED_PAYLOADS))
+def test_odd_payload_shapes_keep_every_text_usage_and_finish(payloads):
+    chunks = chunks_of(payloads)
+    choices = [c for c in map(first_choice, payloads) if c is not None]
+    deltas = [c for c in chunks if isinstance(c, ModelDelta)]
+    assert "".join(d.content for d in deltas) == "".join(
+        delta_text(c, "content") for c in choices
+    )
+    assert "".join(d.reasoning for d in deltas) == "".join(
+        delta_text(c, "reasoning_content", "reasoning") for c in choices
+    )
+    usages = [c for c in chunks if isinstance(c, ModelUsage)]
+    assert usages == [
+        ModelUsage(
+            token_count(p["usage"].get("prompt_tokens")),
+            token_count(p["usage"].get("completion_tokens")),
+            None,
+        )
+        for p in payloads
+        if type(p.get("usage")) is dict and p["usage"]
+    ]
+    finishes = [c.reason for c in chunks if isinstance(c, ModelFinish)]
+    assert finishes == [c["finish_reason"] for c in choices if c.get("finish_reason")]
+    assert len(deltas) + len(usages) + len(finishes) == len(chunks)
 
 
 async def test_served_context_is_read_from_the_model_list():

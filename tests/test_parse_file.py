@@ -9,6 +9,10 @@ import pytest
 
 from tests.fakes.openwebui_shapes import FakeOpenWebUI
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui import files
+from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.catalog import (
+    ChatFacts,
+    question_note,
+)
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
     Toolbox,
     ToolContext,
@@ -57,6 +61,13 @@ def test_note_matches_the_reference_example() -> None:
         files.with_uploaded_files_note("Hello!", attached)
         == "(Uploaded 1 file: ['hello.txt'])\n\nHello!"
     )
+
+
+def test_the_note_comes_before_the_question_while_parse_file_is_offered() -> None:
+    chat = ChatFacts(files=(attachment("f1", "hello.txt"),))
+    note = question_note(["search", "parse_file"], chat)
+    assert note == "(Uploaded 1 file: ['hello.txt'])\n\n"
+    assert question_note(["search", "visit"], chat) == ""
 
 
 def test_note_lists_every_file_in_order() -> None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
+from tests.fakes.chat import QUESTION, answer_in, drive, fake_tools, make_pipe
 from tests.fakes.client_watch import ClientWatch
 from tests.fakes.openai_server import (
     FakeOpenAI,
@@ -23,6 +24,9 @@ from tests.fakes.openai_server import (
     answer,
     tool_call,
 )
+from tests.fakes.scripted_model import ScriptedModel
+from tests.fakes.waits import Waits
+from tongyi_deepresearch_openwebui_pipeline.adapters.model_client import ModelSettings
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
     ToolResolver,
 )
@@ -30,119 +34,12 @@ from tongyi_deepresearch_openwebui_pipeline.core.prompts import WRAP_UP_MESSAGE
 from tongyi_deepresearch_openwebui_pipeline.pipes.pipe import Pipe
 
 KEY = "sk-live-VERY-SECRET-999"
-
-
-class FakeSearchTools:
-    class Valves:  # a pydantic-less Valves is fine for the toolbox
-        model_fields: ClassVar[dict[str, Any]] = {}
-
-        def __init__(self, **_: Any) -> None:
-            pass
-
-    async def search(self, query: list[str], __event_emitter__=None, **_: Any) -> str:
-        blocks = []
-        for q in query:
-            if __event_emitter__:
-                await __event_emitter__(
-                    {
-                        "type": "status",
-                        "data": {
-                            "action": "web_search",
-                            "description": "Searched {{count}} sites",
-                            "query": q,
-                            "urls": [f"https://example.org/{q}"],
-                            "done": True,
-                        },
-                    }
-                )
-            blocks.append(
-                f"A Google search for '{q}' found 1 results:\n\n## Web Results\n"
-                f"1. [Page {q}](https://example.org/{q})\n\nSnippet {q}"
-            )
-        return "\n=======\n".join(blocks)
-
-
-class Result(str):
-    """A tool's result as our tools return it (their ToolResult's shape)."""
-
-    ok: bool
-    sources: tuple
-
-    def __new__(cls, text: str, sources: tuple = ()) -> Result:
-        result = super().__new__(cls, text)
-        result.ok, result.sources = True, sources
-        return result
-
-
-class FakeVisitTools:
-    async def visit(
-        self, url: list[str], goal: str, __event_emitter__=None, **_: Any
-    ) -> str:
-        out, sources = [], []
-        for u in url:
-            source = {
-                "source": {"name": f"Title of {u}", "url": u},
-                "document": [f"Evidence from {u}"],
-                "metadata": [{"source": u, "url": u, "name": f"Title of {u}"}],
-            }
-            if __event_emitter__:  # as the real tool does, for use on its own
-                await __event_emitter__({"type": "source", "data": source})
-            sources.append(source)
-            out.append(
-                f"The useful information in {u} for user goal {goal} as follows: \n\n"
-                f"Evidence in page: \nEvidence from {u}\n\nSummary: \nSummary\n\n"
-            )
-        return Result("\n=======\n".join(out).strip(), tuple(sources))
-
-
-def make_pipe(fake: FakeOpenAI, **valves: Any) -> Pipe:
-    resolver = ToolResolver(
-        classes={
-            "search": FakeSearchTools,
-            "visit": FakeVisitTools,
-            "google_scholar": None,
-        }
-    )
-    pipe = Pipe(tool_resolver=resolver)
-    pipe.valves = pipe.Valves(API_BASE_URL=fake.base_url, MODEL_ID=fake.model, **valves)
-    return pipe
-
-
-async def drive(
-    pipe: Pipe,
-    messages: list[dict[str, Any]],
-    gates: tuple[StreamGate, ...] = (),
-    body_model: str | None = None,
-    **kwargs: Any,
-):
-    """Consume one chat; each of `gates` observes the output as it arrives.
-
-    `body_model` is the model the chat picked, as Open WebUI names it.
-    """
-    events: list[dict[str, Any]] = []
-
-    async def emitter(event: dict[str, Any]) -> None:
-        events.append(event)
-
-    params = {
-        "__user__": {"id": "u1", "role": "user", "name": "U"},
-        "__event_emitter__": emitter,
-        "__chat_id__": "chat-1",
-        "__metadata__": {"variables": {"{{CURRENT_DATE}}": "2026-11-22"}},
-    }
-    params.update(kwargs)
-    chunks: list[str] = []
-    body: dict[str, Any] = {"messages": messages, "stream": True}
-    if body_model is not None:
-        body["model"] = body_model
-    async for chunk in pipe.pipe(body, **params):
-        chunks.append(chunk)
-        for gate in gates:
-            gate.observe("".join(chunks))
-    return "".join(chunks), chunks, events
-
-
-QUESTION = [{"role": "user", "content": "Who wrote it?"}]
+#: The answer of `research_script` as the chat shows it: the page read cited,
+#: the other link marked.
+ANSWER_SHOWN = (
+    "It was written by Ada [see](https://example.org/who) [1]. "
+    "Also https://other.org/x *(unverified)*."
+)
 
 
 def research_script(
@@ -195,8 +92,7 @@ async def test_full_research_run_in_each_server_style(style):
     assert cards == ["search", "visit"]
     assert '\n\n<details type="tool_calls"' in text  # blank line before each card
     # the answer streams in pieces and cites only the page that was read
-    assert "It was written by Ada [see](https://example.org/who) [1]." in text
-    assert "https://other.org/x *(unverified)*." in text
+    assert answer_in(text) == ANSWER_SHOWN
     # token by token, not one block at the end: each part reached the chat
     # before the server sent the next
     assert [gate.released_by for gate in gates] == ["opened"] * 3
@@ -261,7 +157,7 @@ async def test_thinking_hidden_by_user_valve():
         user = {"id": "u", "valves": pipe.UserValves(SHOW_THINKING=False)}
         text, _, _ = await drive(pipe, QUESTION, __user__=user)
     assert "<think>" not in text and "I should search" not in text
-    assert "written by Ada" in text
+    assert answer_in(text) == ANSWER_SHOWN
 
 
 async def test_cards_and_summary_can_be_turned_off():
@@ -272,6 +168,51 @@ async def test_cards_and_summary_can_be_turned_off():
             QUESTION,
         )
     assert "tool_calls" not in text and "Research summary" not in text
+
+
+#: Nothing listens here: the served-context probe finds no server, at once.
+NO_SERVER = "http://127.0.0.1:9/v1"
+
+
+async def test_every_model_client_comes_from_the_pipes_factory_with_its_sleep():
+    model = ScriptedModel(
+        tool_call("search", {"query": ["who"]}), answer("Ada wrote it.")
+    )
+    waits = Waits()
+    built: list[tuple[str, Any]] = []
+
+    def factory(settings: ModelSettings, http: Any, sleep: Any) -> ScriptedModel:
+        built.append((settings.model, sleep))
+        return model
+
+    pipe = Pipe(tool_resolver=fake_tools(), model_client=factory, sleep=waits)
+    pipe.valves = pipe.Valves(
+        API_BASE_URL=NO_SERVER, MODEL_ID="research-model", SUMMARY_MODEL="summarizer"
+    )
+    turn = await drive(pipe, QUESTION)
+    assert turn.answer == "Ada wrote it."
+    assert turn.ending.split(" · ")[:2] == [
+        "Done: the model gave its answer",
+        "2 rounds",
+    ]
+    # One client for the research and one for its summaries, both with the
+    # pipe's sleep.
+    assert [name for name, _ in built] == ["research-model", "summarizer"]
+    assert all(sleep is waits for _, sleep in built)
+    assert model.seen[1][-1]["content"].startswith(
+        "<tool_response>\nA Google search for 'who' found 1 results:"
+    )
+
+
+async def test_a_kept_task_asks_the_model_through_the_pipes_factory():
+    model = ScriptedModel("<think>\nShort.\n</think>\n\nThe user asked about kiwis.")
+    pipe = Pipe(model_client=model.client)
+    pipe.valves = pipe.Valves(API_BASE_URL=NO_SERVER, MODEL_ID="research-model")
+    messages = [{"role": "user", "content": "### Task:\nSummarize the chat."}]
+    turn = await drive(pipe, messages, __task__="context_compaction")
+    assert turn.text == "The user asked about kiwis."
+    assert [settings.model for settings in model.settings] == ["research-model"]
+    assert model.seen == [messages]
 
 
 async def test_title_task_gets_a_cheap_reply_without_research():
@@ -345,15 +286,26 @@ async def test_model_failure_mid_research_keeps_what_was_shown():
 async def test_unreachable_server_gives_a_clear_message():
     with FakeOpenAI() as fake:
         url = fake.base_url
+    waits = Waits()
     pipe = Pipe(
         tool_resolver=ToolResolver(
             classes={"search": None, "visit": None, "google_scholar": None}
-        )
+        ),
+        sleep=waits,
     )
     pipe.valves = pipe.Valves(API_BASE_URL=url, MAX_RETRIES=1)
-    text, _, _ = await drive(pipe, QUESTION)
-    assert "could not" in text or "did not give a usable reply" in text
-    assert "API_BASE_URL" in text
+    turn = await drive(pipe, QUESTION)
+    assert (
+        f"> ⚠️ **The research stopped:** The model server at {url} did not give a "
+        "usable reply after 1 attempts (connection failed: ConnectError). Check that "
+        "it is running and that API_BASE_URL is right, or try again later."
+    ) in turn.text.splitlines()
+    assert turn.answer == ""
+    assert turn.ending == (
+        "Done: an error stopped the research · 1 rounds · 0 sources · "
+        "0 tokens in / 0 out"
+    )
+    assert waits == []  # one attempt: nothing to wait for
 
 
 async def test_failing_emitter_does_not_stop_the_run():
@@ -363,7 +315,7 @@ async def test_failing_emitter_does_not_stop_the_run():
     with FakeOpenAI() as fake:
         fake.script(*research_script("inline"))
         text, _, _ = await drive(make_pipe(fake), QUESTION, __event_emitter__=broken)
-    assert "written by Ada" in text
+    assert answer_in(text) == ANSWER_SHOWN
 
 
 async def test_two_concurrent_chats_do_not_mix():
@@ -395,8 +347,8 @@ async def test_two_concurrent_chats_do_not_mix():
                 __chat_id__="c2",
             ),
         )
-    assert "All about cats" in cats and "dogs" not in cats
-    assert "All about dogs" in dogs and "cats" not in dogs
+    assert answer_in(cats) == "All about cats" and "dogs" not in cats
+    assert answer_in(dogs) == "All about dogs" and "cats" not in dogs
     assert "cats" not in json.dumps(dog_events) and "dogs" not in json.dumps(cat_events)
 
 
@@ -489,9 +441,16 @@ async def test_emits_never_overlap():
     assert len([e for e in seen if e["type"] == "source"]) == 4
 
 
-@pytest.mark.parametrize(("served", "wraps_up"), [(16384, True), (131072, False)])
-async def test_budget_follows_the_context_the_server_serves(served, wraps_up):
+@pytest.mark.parametrize(
+    ("served", "wraps_up", "ending"),
+    [
+        (16384, True, "the context budget was reached"),
+        (131072, False, "the model gave its answer"),
+    ],
+)
+async def test_budget_follows_the_context_the_server_serves(served, wraps_up, ending):
     long_question = "Background: " + "facts and figures " * 2800  # ~13k tokens
+    waits = Waits()
     with FakeOpenAI(max_model_len=served) as fake:
         fake.script(
             Reply(content=tool_call("search", {"query": ["q"]})),
@@ -499,8 +458,15 @@ async def test_budget_follows_the_context_the_server_serves(served, wraps_up):
         )
         # The answer at the limit (ReSum's point, 90% of the served context less
         # 1,000 tokens, is tested with the consolidations).
-        pipe = make_pipe(fake, MAX_TOKENS=4096, CONTEXT_STRATEGY="wrap_up")
-        text, _, _ = await drive(pipe, [{"role": "user", "content": long_question}])
+        pipe = make_pipe(
+            fake,
+            Pipe(tool_resolver=fake_tools(), sleep=waits),
+            MAX_TOKENS=4096,
+            CONTEXT_STRATEGY="wrap_up",
+        )
+        turn = await drive(pipe, [{"role": "user", "content": long_question}])
         last = fake.bodies[-1]["messages"][-1]["content"]
-    assert "done" in text
+    assert turn.answer == "done"
+    assert turn.ending.split(" · ")[:2] == [f"Done: {ending}", "2 rounds"]
+    assert waits == []  # both calls were answered: no retry, no back-off
     assert (last == WRAP_UP_MESSAGE) is wraps_up

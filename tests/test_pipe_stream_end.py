@@ -14,6 +14,7 @@ import importlib
 import json
 import sys
 import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,24 +82,49 @@ RUNNER_ALWAYS_END = _COMMON + textwrap.dedent(
 )
 
 
-def install_runner(monkeypatch: pytest.MonkeyPatch, root: Path, source: str) -> Any:
-    """Make ``open_webui.functions`` importable as the given stand-in."""
-    package = root / "open_webui"
-    package.mkdir()
-    (package / "__init__.py").write_text("", encoding="utf-8")
-    (package / "functions.py").write_text(source, encoding="utf-8")
-    for name in list(sys.modules):
-        if name == "open_webui" or name.startswith("open_webui."):
-            monkeypatch.delitem(sys.modules, name)
-    monkeypatch.syspath_prepend(str(root))
-    monkeypatch.setattr(compat, "_STREAM_END_CHECKS", {})
-    return importlib.import_module("open_webui.functions")
+def _open_webui_modules() -> list[str]:
+    return [
+        name
+        for name in sys.modules
+        if name == "open_webui" or name.startswith("open_webui.")
+    ]
+
+
+@pytest.fixture
+def install_runner(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[Callable[[str], Any]]:
+    """Makes ``open_webui.functions`` importable as a given stand-in.
+
+    The stand-in's modules leave ``sys.modules`` with the test: a later test's
+    pipe must not find them there and take them for its host.
+    """
+    for name in _open_webui_modules():
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def install(source: str) -> Any:
+        package = tmp_path / "open_webui"
+        package.mkdir(exist_ok=True)
+        (package / "__init__.py").write_text("", encoding="utf-8")
+        (package / "functions.py").write_text(source, encoding="utf-8")
+        sys.modules.pop("open_webui.functions", None)
+        return importlib.import_module("open_webui.functions")
+
+    yield install
+    for name in _open_webui_modules():
+        del sys.modules[name]
+
+
+async def fresh_check() -> bool:
+    """The pipe's check of its host, made again (not the process's kept answer)."""
+    return await compat.host_ends_async_streams(cache={})
 
 
 async def run_through(runner: Any, fake: FakeOpenAI, stream: bool) -> list[str]:
     """The SSE lines an API client receives for one question."""
     fake.script(Reply(reasoning="Easy.", content=answer("Paris.")))
-    pipe = Pipe()
+    pipe = Pipe(host_ends_streams=fresh_check)
     pipe.valves = pipe.Valves(
         API_BASE_URL=fake.base_url,
         MODEL_ID=fake.model,
@@ -135,9 +161,9 @@ def content(lines: list[str]) -> str:
     "source", [RUNNER_SYNC_ONLY_END, RUNNER_ALWAYS_END], ids=["0.6-0.8", "0.11+"]
 )
 async def test_streamed_reply_ends_exactly_once(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, source: str
+    install_runner: Callable[[str], Any], source: str
 ) -> None:
-    runner = install_runner(monkeypatch, tmp_path, source)
+    runner = install_runner(source)
     with FakeOpenAI() as fake:
         lines = await run_through(runner, fake, stream=True)
 
@@ -149,23 +175,19 @@ async def test_streamed_reply_ends_exactly_once(
 
 
 async def test_the_pipe_adds_the_end_only_where_it_is_missing(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    install_runner: Callable[[str], Any],
 ) -> None:
-    install_runner(monkeypatch, tmp_path, RUNNER_SYNC_ONLY_END)
-    assert await compat.host_ends_async_streams() is False
+    install_runner(RUNNER_SYNC_ONLY_END)
+    assert await fresh_check() is False
 
-    monkeypatch.setattr(compat, "_STREAM_END_CHECKS", {})
-    (tmp_path / "open_webui" / "functions.py").write_text(
-        RUNNER_ALWAYS_END, encoding="utf-8"
-    )
-    monkeypatch.delitem(sys.modules, "open_webui.functions")
-    assert await compat.host_ends_async_streams() is True
+    install_runner(RUNNER_ALWAYS_END)
+    assert await fresh_check() is True
 
 
 async def test_non_streamed_replies_get_no_stream_lines(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    install_runner: Callable[[str], Any],
 ) -> None:
-    install_runner(monkeypatch, tmp_path, RUNNER_SYNC_ONLY_END)
+    install_runner(RUNNER_SYNC_ONLY_END)
     with FakeOpenAI() as fake:
         fake.script(Reply(content=answer("Paris.")))
         pipe = Pipe()
@@ -188,6 +210,5 @@ async def test_without_open_webui_nothing_is_added(
         if name == "open_webui" or name.startswith("open_webui."):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "open_webui", None)  # type: ignore[arg-type]
-    monkeypatch.setattr(compat, "_STREAM_END_CHECKS", {})
 
-    assert await compat.host_ends_async_streams() is True
+    assert await fresh_check() is True

@@ -15,10 +15,10 @@ from typing import Any, Literal
 import httpx
 import pytest
 
+from tests.fakes.chat import drive
 from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
 from tests.fakes.pages import FakeResolver, PageSite, RoutingTransport
 from tests.fakes.searxng import FakeSearXNG, result
-from tests.test_pipe import drive
 from tests.test_visit_safety import REFUSED_URLS, RESOLVER_TABLE
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
     ToolResolver,
@@ -102,8 +102,9 @@ async def test_search_visit_answer_with_real_tools():
         pipe = make_pipe(
             fake, local_tools(engine.url("/search"), allow_private=True), API_KEY=""
         )
-        text, _, events = await drive(pipe, QUESTION)
+        turn = await drive(pipe, QUESTION)
         bodies = [b for b in fake.bodies if b.get("stream")]
+    text, events = turn.text, turn.events
 
     search_result = bodies[1]["messages"][-1]["content"]
     assert search_result == (
@@ -130,7 +131,10 @@ async def test_search_visit_answer_with_real_tools():
     # fixture is all article, so the whole page).
     (card,) = sources[0]["data"]["document"]
     assert card.startswith(f"{EVIDENCE['evidence']}\n\n[Read: whole page, ")
-    assert f"([notes]({article}) [1])." in text
+    assert turn.answer == (
+        f"It converts light into chemical energy ([notes]({article}) [1])."
+    )
+    assert turn.ending.startswith("Done: the model gave its answer · 3 rounds · ")
     searched = [
         e
         for e in events

@@ -37,6 +37,10 @@ from tests.packaging_support import (
     wheel_name,
 )
 
+# Builds the release and installs it into fresh venvs: minutes, so out of the
+# quick loop (`-m "not slow and …"`, see pyproject.toml); the full run has it.
+pytestmark = pytest.mark.slow
+
 REPO = "example-owner/example-repo"
 BUILD_SCRIPT = ROOT / "scripts" / "build_release.py"
 

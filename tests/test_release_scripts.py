@@ -18,6 +18,10 @@ from tests.packaging_support import (
     wheel_name,
 )
 
+# Runs the release and CI scripts in subprocesses: out of the quick loop
+# (`-m "not slow and …"`, see pyproject.toml); the full run has it.
+pytestmark = pytest.mark.slow
+
 changelog = load_script("changelog_section")
 build_release = load_script("build_release")
 lint_workflows = load_script("lint_workflows")

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
+from tests.fakes.chat import QUESTION, drive, make_pipe
 from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
-from tests.test_pipe import QUESTION, drive, make_pipe
 from tongyi_deepresearch_openwebui_pipeline.adapters import secrets
 from tongyi_deepresearch_openwebui_pipeline.pipes.pipe import Pipe
 

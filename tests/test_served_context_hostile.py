@@ -406,6 +406,7 @@ HOSTILE = {
 }
 
 
+@pytest.mark.slow  # counts the decoder's work over replies of megabytes
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_reading_work_is_linear_whatever_the_shape(name):
     """Characters copied into windows (each decoded at most twice) stay linear."""

@@ -9,23 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.fakes.chat import QUESTION, fake_tools, make_pipe
+from tests.fakes.events import Events
 from tests.fakes.openai_server import FakeOpenAI, Reply, answer
-from tests.test_pipe import QUESTION, make_pipe, research_script
+from tests.fakes.waits import Waits
+from tests.test_pipe import research_script
 from tongyi_deepresearch_openwebui_pipeline.core.history import RESTART_NOTE
 from tongyi_deepresearch_openwebui_pipeline.pipes.pipe import Pipe
 
 
 async def call(pipe: Pipe, messages: list[dict[str, Any]]) -> list[str]:
-    events: list[dict[str, Any]] = []
-
-    async def emitter(event: dict[str, Any]) -> None:
-        events.append(event)
-
     body = {"model": "tdr.tongyi-deepresearch", "messages": messages, "stream": False}
     return [
         chunk
         async for chunk in pipe.pipe(
-            body, __user__={"id": "u1", "role": "user"}, __event_emitter__=emitter
+            body, __user__={"id": "u1", "role": "user"}, __event_emitter__=Events()
         )
     ]
 
@@ -51,8 +49,13 @@ async def test_a_broken_stream_leaves_only_the_retried_answer():
             Reply(content=answer("Half an ans" + "wer that breaks"), fault="drop"),
             Reply(content=answer("The whole answer.")),
         )
-        chunks = await call(make_pipe(fake, MAX_RETRIES=2), QUESTION)
+        waits = Waits()
+        pipe = make_pipe(
+            fake, Pipe(tool_resolver=fake_tools(), sleep=waits), MAX_RETRIES=2
+        )
+        chunks = await call(pipe, QUESTION)
     assert chunks == ["The whole answer."]
+    assert len(waits) == 1  # the one retry, after a back-off not slept
     assert RESTART_NOTE not in chunks[0]
 
 

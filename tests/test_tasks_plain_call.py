@@ -12,8 +12,8 @@ import json
 
 import pytest
 
+from tests.fakes.chat import drive, make_pipe
 from tests.fakes.openai_server import FakeOpenAI, Reply, Style
-from tests.test_pipe import drive, make_pipe
 
 COMPACTION_PROMPT = (
     "### Task:\nSummarize the conversation history.\n\n"

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import pytest
 
+from tests.fakes.events import Events
 from tests.fakes.pages import PageSite
 from tests.fakes.searxng import FakeSearXNG, Script, result
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
@@ -28,12 +29,6 @@ from tongyi_deepresearch_openwebui_pipeline.tools import (
 )
 
 TOOL_MODULES = [search_tool, scholar_tool, visit_tool]
-
-
-@pytest.fixture(scope="module")
-def searxng() -> Iterator[FakeSearXNG]:
-    with FakeSearXNG() as fake:
-        yield fake
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +50,11 @@ def visit_class() -> type:
         class Valves(visit_tool.Tools.Valves):
             ALLOW_PRIVATE_URLS: bool = True
             PAGE_LOADER: Literal["auto", "openwebui", "builtin"] = "builtin"
-            # No extractor answers here: a page read is handed on as an excerpt.
+            # No extractor answers here: a page read is handed on as an excerpt
+            # (at once: the refused connection is not tried again).
             EXTRACTOR_BASE_URL: str = "http://127.0.0.1:9/v1"
             EXTRACTOR_MODEL: str = "none"
+            EXTRACTOR_MAX_RETRIES: int = 0
 
     return LocalVisit
 
@@ -71,7 +68,6 @@ async def run(classes: dict[str, type], name: str, **arguments: Any):
 
 
 async def test_search_with_results_is_ok(searxng: FakeSearXNG) -> None:
-    searxng.reset()
     searxng.script("solar", results=[result("https://a.example/", "A", "about")])
     outcome = await run({"search": search_class(searxng.search_url)}, "search",
                         query=["solar"])  # fmt: skip
@@ -89,7 +85,6 @@ async def test_unconfigured_search_is_a_failure() -> None:
 async def test_search_whose_every_query_failed_is_a_failure(
     searxng: FakeSearXNG,
 ) -> None:
-    searxng.reset()
     searxng.default = Script(status=500)
     outcome = await run({"search": search_class(searxng.search_url)}, "search",
                         query=["one", "two"])  # fmt: skip
@@ -97,7 +92,6 @@ async def test_search_whose_every_query_failed_is_a_failure(
 
 
 async def test_search_with_one_query_answered_is_ok(searxng: FakeSearXNG) -> None:
-    searxng.reset()
     searxng.default = Script(status=500)
     searxng.script("good", results=[result("https://b.example/", "B", "text")])
     outcome = await run({"search": search_class(searxng.search_url)}, "search",
@@ -226,12 +220,8 @@ async def test_sources_a_tool_only_emits_are_not_the_runs() -> None:
         SafeEmitter,
     )
 
-    seen: list[dict[str, Any]] = []
-
-    async def collect(event: dict[str, Any]) -> None:
-        seen.append(event)
-
-    relay = EventRelay(SafeEmitter(collect), status_prefix="Rollout 1/3 · ")
+    seen = Events()
+    relay = EventRelay(SafeEmitter(seen), status_prefix="Rollout 1/3 · ")
     await relay({"type": "source", "data": {"source": {"url": "https://x.example"}}})
     await relay({"type": "status", "data": {"description": "Reading", "done": True}})
     assert seen == [

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
 
+from tests.fakes.scripted_model import ScriptedModel, Streamer
 from tongyi_deepresearch_openwebui_pipeline.core.events import (
     AnswerDelta,
     ModelDelta,
@@ -39,26 +40,6 @@ def call(name: str, **arguments: Any) -> str:
 
     payload = json.dumps({"name": name, "arguments": arguments})
     return f"<tool_call>\n{payload}\n</tool_call>"
-
-
-class ScriptedModel:
-    """Each reply is a list of chunks; records the messages of every call."""
-
-    def __init__(self, *replies: list[Any] | str | Exception) -> None:
-        self.replies = list(replies)
-        self.seen: list[list[dict[str, Any]]] = []
-
-    async def stream(
-        self, messages: list[dict[str, Any]], max_tokens: int | None = None
-    ) -> AsyncIterator[Any]:
-        self.seen.append([dict(m) for m in messages])
-        reply = self.replies.pop(0)
-        if isinstance(reply, Exception):
-            raise reply
-        if isinstance(reply, str):
-            reply = [ModelDelta(content=reply), ModelFinish("stop")]
-        for chunk in reply:
-            yield chunk
 
 
 class RecordingTools:
@@ -391,27 +372,23 @@ async def test_round_count_is_respected(rounds):
 # -- the wall-clock limit holds during model turns and tools --
 
 
-class EndlessModel(ScriptedModel):
-    """Thinks forever on the first call; later calls follow the script."""
+def endless(first: str, closed: list[bool] | None = None) -> Streamer:
+    """A turn that streams ``first``, then "more " every 10 ms, until it is closed.
 
-    def __init__(self, *replies, first: str = "thinking ", closed: list | None = None):
-        super().__init__(*replies)
-        self.first = first
-        self.closed = closed if closed is not None else []
+    ``closed`` gets True when the stream is closed (it never ends by itself).
+    """
 
-    async def stream(self, messages, max_tokens=None):
-        if self.seen:
-            async for chunk in super().stream(messages):
-                yield chunk
-            return
-        self.seen.append([dict(m) for m in messages])
+    async def stream(_messages: list[dict[str, Any]]) -> AsyncGenerator[Any, None]:
         try:
-            yield ModelDelta(content=self.first)
+            yield ModelDelta(content=first)
             while True:
                 await asyncio.sleep(0.01)
                 yield ModelDelta(content="more ")
         finally:
-            self.closed.append(True)
+            if closed is not None:
+                closed.append(True)
+
+    return stream
 
 
 async def run_bounded(loop):
@@ -422,8 +399,8 @@ async def run_bounded(loop):
 
 async def test_time_limit_holds_during_an_endless_model_turn():
     closed: list[bool] = []
-    model = EndlessModel(
-        "<answer>wrapped up</answer>", first="<think>on and on ", closed=closed
+    model = ScriptedModel(
+        endless("<think>on and on ", closed), "<answer>wrapped up</answer>"
     )
     limits = Limits(max_seconds=0.2, wrap_up_seconds=5)
     events = await run_bounded(make_loop(model, limits=limits))
@@ -437,15 +414,13 @@ async def test_time_limit_holds_during_an_endless_model_turn():
 
 
 async def test_answer_being_written_at_the_limit_may_finish_within_the_grace():
-    class AnswerThenFinish(ScriptedModel):
-        async def stream(self, messages, max_tokens=None):
-            self.seen.append(messages)
-            yield ModelDelta(content="<answer>part one")
-            await asyncio.sleep(0.4)  # past max_seconds, within the grace
-            yield ModelDelta(content=" and two</answer>")
-            yield ModelFinish("stop")
+    async def answer_then_finish(_messages: list[dict[str, Any]]):
+        yield ModelDelta(content="<answer>part one")
+        await asyncio.sleep(0.4)  # past max_seconds, within the grace
+        yield ModelDelta(content=" and two</answer>")
+        yield ModelFinish("stop")
 
-    model = AnswerThenFinish()
+    model = ScriptedModel(answer_then_finish)
     limits = Limits(max_seconds=0.1, wrap_up_seconds=20)
     end = finished(await run_bounded(make_loop(model, limits=limits)))
     # The answer was complete: the run ends normally, nothing was cut.
@@ -455,7 +430,7 @@ async def test_answer_being_written_at_the_limit_may_finish_within_the_grace():
 
 
 async def test_endless_answer_is_cut_at_the_grace_and_kept_unmarked():
-    model = EndlessModel(first="<answer>the start ")
+    model = ScriptedModel(endless("<answer>the start "))
     limits = Limits(max_seconds=0.05, wrap_up_seconds=0.2)
     events = await run_bounded(make_loop(model, limits=limits))
     end = finished(events)
@@ -465,13 +440,9 @@ async def test_endless_answer_is_cut_at_the_grace_and_kept_unmarked():
 
 
 async def test_endless_wrap_up_ends_with_a_clear_time_limit():
-    class AlwaysEndless(EndlessModel):
-        async def stream(self, messages, max_tokens=None):
-            self.seen.clear()  # every call is endless
-            async for chunk in super().stream(messages):
-                yield chunk
-
-    model = AlwaysEndless(first="<think>hmm ")
+    model = ScriptedModel(
+        respond=lambda _messages: endless("<think>hmm ")
+    )  # every call
     limits = Limits(max_seconds=0.1, wrap_up_seconds=0.1)
     events = await run_bounded(make_loop(model, limits=limits))
     end = finished(events)
@@ -521,16 +492,16 @@ async def test_time_limit_holds_during_tools_and_stops_them():
 async def test_lenient_calls_are_parsed_in_a_worker_thread(monkeypatch):
     import threading
 
-    from tongyi_deepresearch_openwebui_pipeline.core import toolcalls
+    import json5
 
     threads: list[str] = []
-    real = toolcalls._json5.loads
+    real = json5.loads
 
     def recording_loads(text, *args, **kwargs):
         threads.append(threading.current_thread().name)
         return real(text, *args, **kwargs)
 
-    monkeypatch.setattr(toolcalls._json5, "loads", recording_loads)
+    monkeypatch.setattr(json5, "loads", recording_loads)
     lenient = (
         "<tool_call>\n{'name': 'search', 'arguments': {'query': ['a']}}\n</tool_call>"
     )
@@ -594,20 +565,17 @@ async def test_each_call_of_a_turn_reports_its_own_duration():
 # -- closing a run early ----------------------------------------------------------
 
 
-class HeldModel:
-    """Streams one chunk of thinking, then holds until its stream is closed."""
+def held(closed: list[bool]) -> Streamer:
+    """A turn that streams one chunk of thinking, then holds until it is closed."""
 
-    def __init__(self) -> None:
-        self.closed = False
-
-    async def stream(
-        self, messages: list[dict[str, Any]], max_tokens: int | None = None
-    ) -> AsyncIterator[Any]:
+    async def stream(_messages: list[dict[str, Any]]) -> AsyncGenerator[Any, None]:
         try:
             yield ModelDelta(reasoning="thinking")
             await asyncio.Event().wait()  # only closing the stream ends it
         finally:
-            self.closed = True
+            closed.append(True)
+
+    return stream
 
 
 @pytest.mark.parametrize(
@@ -616,15 +584,15 @@ class HeldModel:
     ids=["a round's turn", "the wrap-up's turn"],
 )
 async def test_closing_the_run_closes_the_model_stream_before_it_returns(limits):
-    model = HeldModel()
-    events = make_loop(model, limits=limits).run()
+    closed: list[bool] = []
+    events = make_loop(ScriptedModel(held(closed)), limits=limits).run()
     assert isinstance(events, AsyncGenerator)
     async for event in events:
         if isinstance(event, ThinkingDelta):
             break
-    assert not model.closed
+    assert closed == []
     await events.aclose()
     # Nothing else ran on the event loop since aclose() was called: the steps
     # between the run and the stream were closed by it, not by the finalizer
     # of abandoned generators later.
-    assert model.closed
+    assert closed == [True]

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from tests.core.test_loop import (
     RecordingTools,
-    ScriptedModel,
     call,
     collect,
     finished,
     make_loop,
 )
+from tests.fakes.scripted_model import ScriptedModel
 from tongyi_deepresearch_openwebui_pipeline.core.events import (
     ContextOverflowError,
     ContextWarning,

@@ -185,8 +185,10 @@ def test_splitting_never_changes_the_result(text, sizes):
 
 @settings(max_examples=200, deadline=None)
 @given(text=st.text(max_size=200), sizes=st.lists(st.integers(1, 30), min_size=1))
-def test_any_text_never_raises(text, sizes):
-    feed_in_pieces(text, sizes)
+def test_any_text_parses_as_it_does_whole(text, sizes):
+    fragments, pieces = feed_in_pieces(text, sizes)
+    assert pieces == parse_turn(text)
+    assert joined(fragments, "answer") == (pieces.answer or "")
 
 
 def _webdancer_turns():

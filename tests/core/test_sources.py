@@ -382,6 +382,7 @@ HOSTILE_STREAMS = {
 }
 
 
+@pytest.mark.slow  # counts the rewriter's work over 200 kB, a character at a time
 @pytest.mark.parametrize("name", sorted(HOSTILE_STREAMS))
 def test_streaming_work_is_linear_in_the_input(monkeypatch, name):
     """200 kB in 1-character pieces: bounded characters scanned, all released."""

@@ -2,15 +2,25 @@
 
 import json
 
+import json5
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tongyi_deepresearch_openwebui_pipeline.core.prompts import INVALID_TOOL_CALL
+from tongyi_deepresearch_openwebui_pipeline.core.prompts import (
+    INVALID_TOOL_CALL,
+    TOOL_LINES,
+)
 from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import (
+    CALL_EXAMPLES,
     PYTHON_FORMAT_ERROR,
+    SCHEMAS,
+    ArgumentSchema,
     CallError,
+    Parameter,
+    SchemaError,
     ToolCall,
+    argument_schema,
     check_call,
     neutralise,
     parse_tool_call,
@@ -120,31 +130,196 @@ def test_bare_string_query_is_wrapped():
     assert result == ToolCall("search", {"query": ["one"]})
 
 
+SEARCH_EXAMPLE = (
+    ' A valid call looks like: {"name": "search", "arguments": {"query": '
+    '["first query", "second"]}}'
+)
+VISIT_EXAMPLE = (
+    ' A valid call looks like: {"name": "visit", "arguments": {"url": '
+    '["https://example.org/page"], "goal": "what to find on the page"}}'
+)
+SCHOLAR_EXAMPLE = (
+    ' A valid call looks like: {"name": "google_scholar", "arguments": '
+    '{"query": ["topic"]}}'
+)
+PARSE_FILE_EXAMPLE = (
+    ' A valid call looks like: {"name": "parse_file", "arguments": '
+    '{"files": ["report.pdf"]}}'
+)
+NOT_A_LIST = "must be a non-empty list of non-empty strings."
+
+
 @pytest.mark.parametrize(
-    ("name", "arguments", "problem"),
+    ("name", "arguments", "message"),
     [
-        ("search", {}, "missing 'query'"),
-        ("search", {"query": []}, "'query' must be a non-empty list"),
-        ("search", {"query": [1, 2]}, "'query' must be a non-empty list"),
-        ("search", {"query": ["ok", ""]}, "'query' must be a non-empty list"),
-        ("visit", {"url": ["https://a"]}, "missing 'goal'"),
+        ("search", {}, "search: missing 'query'." + SEARCH_EXAMPLE),
+        ("search", {"query": []}, f"search: 'query' {NOT_A_LIST}{SEARCH_EXAMPLE}"),
+        ("search", {"query": [1, 2]}, f"search: 'query' {NOT_A_LIST}{SEARCH_EXAMPLE}"),
+        (
+            "search",
+            {"query": ["ok", ""]},
+            f"search: 'query' {NOT_A_LIST}{SEARCH_EXAMPLE}",
+        ),
+        (
+            "google_scholar",
+            {"query": None},
+            "google_scholar: missing 'query'." + SCHOLAR_EXAMPLE,
+        ),
+        ("visit", {"url": ["https://a"]}, "visit: missing 'goal'." + VISIT_EXAMPLE),
         (
             "visit",
             {"url": ["https://a"], "goal": 5},
-            "'goal' must be a non-empty string",
+            "visit: 'goal' must be a non-empty string." + VISIT_EXAMPLE,
         ),
-        ("visit", {"goal": "g"}, "missing 'url'"),
-        ("parse_file", {"files": "x"}, None),
+        (
+            "visit",
+            {"url": " https://a ", "goal": "  "},
+            "visit: 'goal' must be a non-empty string." + VISIT_EXAMPLE,
+        ),
+        ("visit", {"goal": "g"}, "visit: missing 'url'." + VISIT_EXAMPLE),
+        (
+            "parse_file",
+            {"files": []},
+            f"parse_file: 'files' {NOT_A_LIST}{PARSE_FILE_EXAMPLE}",
+        ),
     ],
 )
-def test_argument_shapes(name, arguments, problem):
+def test_argument_errors_are_the_models_exact_words(name, arguments, message):
     result = check_call(ToolCall(name, arguments), TOOLS)
-    if problem is None:
-        assert isinstance(result, ToolCall)
-    else:
-        assert isinstance(result, CallError)
-        assert problem in result.message
-        assert "A valid call looks like" in result.message
+    assert result == CallError(
+        "Error: invalid arguments for " + message,
+        name,
+        # What was checked before the problem is kept as it was normalised.
+        {**arguments, "url": ["https://a"]} if "url" in arguments else arguments,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "checked"),
+    [
+        ("parse_file", {"files": "x"}, {"files": ["x"]}),
+        (
+            "visit",
+            {"url": [" https://a "], "goal": " g ", "extra": 1},
+            {"url": ["https://a"], "goal": " g ", "extra": 1},
+        ),
+        ("PythonInterpreter", {"x": 1}, {"x": 1}),
+        ("google_scholar", {"query": ["a", " b"]}, {"query": ["a", "b"]}),
+    ],
+)
+def test_valid_arguments_come_back_normalised(name, arguments, checked):
+    assert check_call(ToolCall(name, arguments), TOOLS) == ToolCall(name, checked)
+
+
+# -- the argument checks are read from the prompt lines --
+
+
+def test_each_tools_schema_is_read_from_its_prompt_line():
+    strings = "strings"
+    expected = {
+        "search": ArgumentSchema(
+            "search", (Parameter("query", strings, True),), CALL_EXAMPLES["search"]
+        ),
+        "visit": ArgumentSchema(
+            "visit",
+            (Parameter("url", strings, True), Parameter("goal", "string", True)),
+            CALL_EXAMPLES["visit"],
+        ),
+        "PythonInterpreter": ArgumentSchema("PythonInterpreter", ()),
+        "google_scholar": ArgumentSchema(
+            "google_scholar",
+            (Parameter("query", strings, True),),
+            CALL_EXAMPLES["google_scholar"],
+        ),
+        "parse_file": ArgumentSchema(
+            "parse_file",
+            (Parameter("files", strings, True),),
+            CALL_EXAMPLES["parse_file"],
+        ),
+    }
+    assert expected == SCHEMAS
+    assert list(SCHEMAS) == list(TOOL_LINES)
+
+
+def test_the_python_line_is_read_though_it_is_not_json():
+    # The lab's description quotes a call without escaping its quotes.
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(TOOL_LINES["PythonInterpreter"], strict=False)
+    assert argument_schema(TOOL_LINES["PythonInterpreter"]) == ArgumentSchema(
+        "PythonInterpreter", ()
+    )
+
+
+def _line(properties: dict, required: list[str]) -> str:
+    parameters = {"type": "object", "properties": properties, "required": required}
+    function = {"name": "quote", "description": "d", "parameters": parameters}
+    return json.dumps({"type": "function", "function": function})
+
+
+WORDS = {"type": "array", "items": {"type": "string"}, "minItems": 2}
+
+
+def test_a_new_line_is_checked_by_what_it_declares():
+    schema = argument_schema(
+        _line({"words": WORDS, "note": {"type": "string"}}, ["words"]),
+        '{"name": "quote", "arguments": {"words": ["a", "b"]}}',
+    )
+    schemas = {"quote": schema}
+    # "note" is optional: absent is fine, present must be a string.
+    assert check_call(ToolCall("quote", {"words": "a"}), ["quote"], schemas) == (
+        CallError(
+            "Error: invalid arguments for quote: 'words' must be a list of at least "
+            "2 non-empty strings. A valid call looks like: "
+            '{"name": "quote", "arguments": {"words": ["a", "b"]}}',
+            "quote",
+            {"words": "a"},
+        )
+    )
+    assert check_call(
+        ToolCall("quote", {"words": ["a", "b "]}), ["quote"], schemas
+    ) == ToolCall("quote", {"words": ["a", "b"]})
+    assert check_call(
+        ToolCall("quote", {"words": ["a", "b"], "note": 3}), ["quote"], schemas
+    ) == CallError(
+        "Error: invalid arguments for quote: 'note' must be a non-empty string. "
+        'A valid call looks like: {"name": "quote", "arguments": '
+        '{"words": ["a", "b"]}}',
+        "quote",
+        {"words": ["a", "b"], "note": 3},
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        (
+            _line({"n": {"type": "integer"}}, []),
+            "quote.n: type 'integer' not read by this checker",
+        ),
+        (
+            _line({"n": {"type": "string", "enum": ["a"]}}, []),
+            "quote.n: enum not read by this checker",
+        ),
+        (
+            _line({"n": {"type": "array", "items": {"type": "number"}}}, []),
+            "quote.n.items: only strings are read by this checker",
+        ),
+        (
+            _line(
+                {"n": {"type": "array", "items": {"type": "string"}, "minItems": "2"}},
+                [],
+            ),
+            "quote.n.minItems: not a whole number",
+        ),
+        (_line({}, ["n"]), "quote: required is not a list of its properties"),
+        ("not a line", "not a function spec: substring not found"),
+    ],
+)
+def test_a_line_whose_schema_is_not_read_is_refused(line, problem):
+    # Never a looser check than the line promises the model.
+    with pytest.raises(SchemaError) as refused:
+        argument_schema(line)
+    assert str(refused.value) == problem
 
 
 def test_wrap_response_shape():
@@ -188,16 +363,14 @@ MAX_TOKENS_CHARS = 40_000  # MAX_TOKENS (10,000 tokens) of output, ~4 chars each
 @pytest.fixture
 def json5_calls(monkeypatch):
     """Records the size of every text handed to the slow json5 parser."""
-    from tongyi_deepresearch_openwebui_pipeline.core import toolcalls
-
     sizes: list[int] = []
-    real = toolcalls._json5.loads
+    real = json5.loads
 
     def counting(text, *args, **kwargs):
         sizes.append(len(text))
         return real(text, *args, **kwargs)
 
-    monkeypatch.setattr(toolcalls._json5, "loads", counting)
+    monkeypatch.setattr(json5, "loads", counting)
     return sizes
 
 

@@ -13,13 +13,15 @@ with HTTP 504 after a short wait instead of hanging the test.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import httpx
+import pytest
 from pydantic import BaseModel
 
 from .http import LocalServer, Request, Response
@@ -130,7 +132,8 @@ class FakeSearXNG(LocalServer):
 # `search_web`, the config store (0.11+), `UserModel` and the retrieval config
 # keys. `OpenWebUIStandIn` provides those pieces with each version's calling
 # convention, and its `search_web` really queries a SearXNG URL over HTTP, as
-# Open WebUI's own "searxng" engine does.
+# Open WebUI's own "searxng" engine does. `install` puts them where the tools
+# import them from (``sys.modules``), so no private name of a tool is patched.
 
 SEARXNG_MISSING = "No SEARXNG_QUERY_URL found in environment variables"
 ENGINE_MISSING = "No search engine API key found in environment variables"
@@ -219,6 +222,48 @@ class OpenWebUIStandIn:
             user_model=UserModel,
             config_keys=keys,
         )
+
+    def install(
+        self, monkeypatch: pytest.MonkeyPatch, pieces: SimpleNamespace | None = None
+    ) -> SimpleNamespace:
+        """Make this version's Open WebUI importable (``monkeypatch`` undoes it).
+
+        The modules the tools import inside Open WebUI go into ``sys.modules``:
+        ``open_webui.routers.retrieval`` (``search_web``; on 0.12 also
+        ``RETRIEVAL_CONFIG_KEYS``), ``open_webui.models.users``
+        (``UserModel``) and, from 0.11, ``open_webui.models.config``
+        (``Config``). Any Open WebUI modules already imported are set aside.
+
+        Args:
+            monkeypatch: Undoes the change when the test ends.
+            pieces: What to install (default: `namespace`); a test may swap
+                one, e.g. a ``search_web`` that fails.
+
+        Returns:
+            The pieces installed.
+        """
+        pieces = pieces or self.namespace()
+        keys = (
+            {}
+            if pieces.config_keys is None
+            else {"RETRIEVAL_CONFIG_KEYS": pieces.config_keys}
+        )
+        retrieval = _module(
+            "open_webui.routers.retrieval", search_web=pieces.search_web, **keys
+        )
+        users = _module("open_webui.models.users", UserModel=pieces.user_model)
+        installed = [retrieval, users]
+        if pieces.config_store is not None:  # 0.11+
+            installed.append(
+                _module("open_webui.models.config", Config=pieces.config_store)
+            )
+        for name in [n for n in sys.modules if n.split(".")[0] == "open_webui"]:
+            monkeypatch.delitem(sys.modules, name)
+        for package in ("open_webui", "open_webui.routers", "open_webui.models"):
+            monkeypatch.setitem(sys.modules, package, _package(package, installed))
+        for module in installed:
+            monkeypatch.setitem(sys.modules, module.__name__, module)
+        return pieces
 
     def _config_store(self) -> Any:
         values = self.values
@@ -313,3 +358,26 @@ class OpenWebUIStandIn:
             SearchResult(r.get("url", ""), r.get("title"), r.get("content"))
             for r in ranked[: settings["web.search.result_count"]]
         ]
+
+
+def _module(name: str, **attributes: Any) -> ModuleType:
+    """A module named ``name`` holding ``attributes``."""
+    module = ModuleType(name)
+    module.__dict__.update(attributes)
+    return module
+
+
+def _package(name: str, modules: list[ModuleType]) -> ModuleType:
+    """A package whose submodules are those of ``modules`` directly under it.
+
+    Any other submodule cannot be imported (its import fails as it would
+    where Open WebUI lacks it).
+    """
+    package = _module(name)
+    package.__path__ = []
+    prefix = f"{name}."
+    for module in modules:
+        child = module.__name__.removeprefix(prefix)
+        if module.__name__.startswith(prefix) and "." not in child:
+            package.__dict__[child] = module
+    return package

@@ -258,7 +258,11 @@ class WrappingUp:
 
 @dataclass(frozen=True)
 class ContextWarning:
-    """Something about the served context the user should know and can fix."""
+    """Something about the run the user should know and can act on.
+
+    The served context (too small, silently cut), or saved progress that
+    could not be used or written.
+    """
 
     text: str
     kind: str = "context_warning"

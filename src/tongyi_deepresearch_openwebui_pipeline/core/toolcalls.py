@@ -12,9 +12,9 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from .prompts import INVALID_TOOL_CALL
+from .prompts import INVALID_TOOL_CALL, TOOL_LINES
 
 try:  # json5 accepts single quotes, trailing commas, comments, bare keys.
     import json5 as _json5
@@ -195,18 +195,163 @@ def _call_payload(text: str) -> tuple[str, dict[str, Any]] | None:
 
 
 # -- argument checks --
+#
+# A call's arguments are checked against the JSON schema inside its tool's
+# line of the system prompt (`prompts.TOOL_LINES`): what the model reads is
+# what is checked, and a tool's argument shapes are written nowhere else. Each
+# line is read once, at import. The lines use a small part of JSON Schema, and
+# this reads only that part: the parameters are an "object" with "properties"
+# and "required"; a property is a "string", or an "array" whose "items" are
+# strings, with an optional "minItems"; "description" goes to the model only.
+# Anything else is refused when the line is read (`SchemaError`), so a line can
+# never promise the model a check that is not made.
+#
+# On top of the schema, the reference tools' leniency and this project's
+# rules: a bare string given for a list of strings is a list of one (the
+# reference tools accept it); list items are stripped, and neither they nor
+# the list may be empty; a string may not be blank; a required argument that
+# is absent or null is missing.
 
-# name -> (argument, kind); kinds: "strings" (list of str; a bare str is accepted
-# and wrapped, as the reference tools do) and "string".
-_SCHEMAS: dict[str, tuple[tuple[str, str], ...]] = {
-    "search": (("query", "strings"),),
-    "google_scholar": (("query", "strings"),),
-    "visit": (("url", "strings"), ("goal", "string")),
-    "parse_file": (("files", "strings"),),
-    PYTHON_TOOL: (),
-}
 
-_EXAMPLES: dict[str, str] = {
+class SchemaError(ValueError):
+    """A prompt line's schema uses a part of JSON Schema not read here."""
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One argument of a tool, as its prompt line's schema declares it."""
+
+    name: str
+    #: "string", or "strings" (an array of strings).
+    kind: Literal["string", "strings"]
+    required: bool
+    #: The fewest items of a list of strings (at least 1).
+    min_items: int = 1
+
+    def problem(self) -> str:
+        """What a value of the wrong shape is told (model-facing)."""
+        if self.kind == "string":
+            return f"'{self.name}' must be a non-empty string"
+        if self.min_items > 1:
+            return (
+                f"'{self.name}' must be a list of at least {self.min_items} "
+                "non-empty strings"
+            )
+        return f"'{self.name}' must be a non-empty list of non-empty strings"
+
+
+@dataclass(frozen=True)
+class ArgumentSchema:
+    """What a call of one tool must carry, read from the tool's prompt line."""
+
+    #: The tool's name, as its line gives it.
+    tool: str
+    parameters: tuple[Parameter, ...]
+    #: A valid call, shown to the model with an argument error ("": none).
+    example: str = ""
+
+
+_PARAMETERS_KEYS = frozenset({"type", "properties", "required"})
+_STRING_KEYS = frozenset({"type", "description"})
+_ARRAY_KEYS = frozenset({"type", "items", "description", "minItems"})
+
+
+def _only(spec: Any, keys: frozenset[str], where: str) -> Mapping[str, Any]:
+    """``spec`` as a JSON object holding no key outside ``keys``."""
+    if not isinstance(spec, dict):
+        raise SchemaError(f"{where}: not a JSON object")
+    unread = sorted(set(spec) - keys)
+    if unread:
+        raise SchemaError(f"{where}: {', '.join(unread)} not read by this checker")
+    return spec
+
+
+def _parameter(tool: str, name: str, spec: Any, required: bool) -> Parameter:
+    where = f"{tool}.{name}"
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if kind == "string":
+        _only(spec, _STRING_KEYS, where)
+        return Parameter(name, "string", required)
+    if kind != "array":
+        raise SchemaError(f"{where}: type {kind!r} not read by this checker")
+    _only(spec, _ARRAY_KEYS, where)
+    items = _only(spec.get("items"), _STRING_KEYS, f"{where}.items")
+    if items.get("type") != "string":
+        raise SchemaError(f"{where}.items: only strings are read by this checker")
+    min_items = spec.get("minItems", 1)
+    if type(min_items) is not int or min_items < 0:
+        raise SchemaError(f"{where}.minItems: not a whole number")
+    return Parameter(name, "strings", required, max(1, min_items))
+
+
+_NAME_MEMBER = '"name": '
+_PARAMETERS_MEMBER = '"parameters": '
+#: What follows the parameters in a line: the ends of the function and the spec.
+_LINE_END = "}}"
+
+
+def _function_spec(line: str) -> tuple[str, Any]:
+    """(name, parameters) of a tool line.
+
+    The lab's PythonInterpreter line is not JSON (its description quotes a
+    call without escaping the quotes), and the model was trained on it as it
+    is. A line that does not parse whole is read where its members stand:
+    the first ``"name"`` (the function's, before its description) and the
+    last ``"parameters"``, which must close the line.
+    """
+    try:
+        function = json.loads(line, strict=False)["function"]
+        return str(function["name"]), function.get("parameters")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        pass
+    decoder = json.JSONDecoder(strict=False)
+    try:
+        name_at = line.index(_NAME_MEMBER) + len(_NAME_MEMBER)
+        name, _ = decoder.raw_decode(line, name_at)
+        parameters_at = line.rindex(_PARAMETERS_MEMBER) + len(_PARAMETERS_MEMBER)
+        parameters, end = decoder.raw_decode(line, parameters_at)
+    except ValueError as error:
+        raise SchemaError(f"not a function spec: {error}") from None
+    if not isinstance(name, str) or line[end:] != _LINE_END:
+        raise SchemaError(f"not a function spec: {line[:60]!r}…")
+    return name, parameters
+
+
+@functools.cache
+def argument_schema(line: str, example: str = "") -> ArgumentSchema:
+    """The argument schema of a tool, read from its line of the system prompt.
+
+    Args:
+        line: The tool's line inside ``<tools>`` (an OpenAI function spec in
+            JSON; raw line breaks inside its strings are tolerated).
+        example: A valid call of the tool, shown with an argument error.
+
+    Raises:
+        SchemaError: The line is no function spec, or its parameters use
+            JSON Schema this checker does not read.
+    """
+    tool, parameters = _function_spec(line)
+    parameters = _only(parameters, _PARAMETERS_KEYS, tool)
+    properties = parameters.get("properties", {})
+    required = parameters.get("required", [])
+    if parameters.get("type") != "object" or not isinstance(properties, dict):
+        raise SchemaError(f"{tool}: parameters are not an object with properties")
+    if not isinstance(required, list) or any(
+        not isinstance(name, str) or name not in properties for name in required
+    ):
+        raise SchemaError(f"{tool}: required is not a list of its properties")
+    return ArgumentSchema(
+        tool,
+        tuple(
+            _parameter(tool, name, spec, name in required)
+            for name, spec in properties.items()
+        ),
+        example,
+    )
+
+
+#: A valid call of each of the model's own tools, shown with an argument error.
+CALL_EXAMPLES: dict[str, str] = {
     "search": '{"name": "search", "arguments": {"query": ["first query", "second"]}}',
     "google_scholar": '{"name": "google_scholar", "arguments": {"query": ["topic"]}}',
     "visit": (
@@ -214,6 +359,12 @@ _EXAMPLES: dict[str, str] = {
         '"goal": "what to find on the page"}}'
     ),
     "parse_file": '{"name": "parse_file", "arguments": {"files": ["report.pdf"]}}',
+}
+
+#: The argument schema of each of the model's own tools (read at import).
+SCHEMAS: dict[str, ArgumentSchema] = {
+    name: argument_schema(line, CALL_EXAMPLES.get(name, ""))
+    for name, line in TOOL_LINES.items()
 }
 
 
@@ -227,16 +378,15 @@ def tool_not_found(name: str) -> str:
     return f"Error: Tool {name} not found"
 
 
-def _argument_error(name: str, problem: str) -> str:
-    example = _EXAMPLES.get(name)
+def _argument_error(name: str, problem: str, example: str) -> str:
     hint = f" A valid call looks like: {example}" if example else ""
     return f"Error: invalid arguments for {name}: {problem}.{hint}"
 
 
-def _normalise_strings(value: Any) -> list[str] | None:
+def _normalise_strings(value: Any, min_items: int) -> list[str] | None:
     if isinstance(value, str):
         value = [value]
-    if not isinstance(value, list) or not value:
+    if not isinstance(value, list) or len(value) < min_items:
         return None
     items = [item.strip() for item in value if isinstance(item, str)]
     if len(items) != len(value) or not all(items):
@@ -244,31 +394,57 @@ def _normalise_strings(value: Any) -> list[str] | None:
     return items
 
 
-def check_call(call: ToolCall, available: Iterable[str]) -> ToolCall | CallError:
-    """Check that the tool is offered and its arguments have the right shape."""
-    offered = list(available)
-    if call.name not in offered:
-        return CallError(tool_not_found(call.name), call.name, call.arguments)
-    schema = _SCHEMAS.get(call.name, ())
+def _checked_value(parameter: Parameter, value: Any) -> Any | None:
+    """``value`` as the tool gets it, or None when it has the wrong shape."""
+    if parameter.kind == "strings":
+        return _normalise_strings(value, parameter.min_items)
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def check_arguments(call: ToolCall, schema: ArgumentSchema) -> ToolCall | CallError:
+    """Check ``call``'s arguments against ``schema``, in the schema's order.
+
+    Returns:
+        The call with its arguments normalised (lists of strings stripped, a
+        bare string made a list), or the first problem as a model-facing
+        `CallError`. Arguments the schema does not name are kept as given.
+    """
     arguments = dict(call.arguments)
-    for key, kind in schema:
-        value = arguments.get(key)
+    for parameter in schema.parameters:
+        value = arguments.get(parameter.name)
         if value is None:
-            return CallError(
-                _argument_error(call.name, f"missing '{key}'"), call.name, arguments
-            )
-        if kind == "strings":
-            items = _normalise_strings(value)
-            if items is None:
-                problem = f"'{key}' must be a non-empty list of non-empty strings"
-                return CallError(
-                    _argument_error(call.name, problem), call.name, arguments
-                )
-            arguments[key] = items
-        elif not isinstance(value, str) or not value.strip():
-            problem = f"'{key}' must be a non-empty string"
-            return CallError(_argument_error(call.name, problem), call.name, arguments)
+            if not parameter.required:
+                continue
+            problem = f"missing '{parameter.name}'"
+            message = _argument_error(call.name, problem, schema.example)
+            return CallError(message, call.name, arguments)
+        checked = _checked_value(parameter, value)
+        if checked is None:
+            message = _argument_error(call.name, parameter.problem(), schema.example)
+            return CallError(message, call.name, arguments)
+        arguments[parameter.name] = checked
     return ToolCall(call.name, arguments, call.code)
+
+
+def check_call(
+    call: ToolCall,
+    available: Iterable[str],
+    schemas: Mapping[str, ArgumentSchema] = SCHEMAS,
+) -> ToolCall | CallError:
+    """Check that the tool is offered and its arguments have the right shape.
+
+    Args:
+        call: The parsed call.
+        available: The tools offered in this run.
+        schemas: Argument schemas by tool name (default: the model's own
+            tools'); a tool without one gets its arguments as given.
+    """
+    if call.name not in list(available):
+        return CallError(tool_not_found(call.name), call.name, call.arguments)
+    schema = schemas.get(call.name)
+    if schema is None:
+        return ToolCall(call.name, dict(call.arguments), call.code)
+    return check_arguments(call, schema)
 
 
 # -- results --

@@ -226,6 +226,11 @@ async def single_run(
     run ends (but after an error, which a later try may go on from).
     `resuming`: `state` and `ledger` come from a checkpoint (said first).
     """
+    said = 0
+    if checkpointer is not None:
+        for note in checkpointer.notes:  # what resuming found
+            yield ContextWarning(note)
+        said = len(checkpointer.notes)
     if resuming:
         yield RunResumed(state.round, tuple(ledger.sources))
     loop = ResearchLoop(state, model, tools, limits, summarizer=summarizer)
@@ -233,6 +238,9 @@ async def single_run(
         async for event in events:
             if checkpointer is not None:
                 await _checkpoint(checkpointer, event, state, ledger)
+                for note in checkpointer.notes[said:]:
+                    yield ContextWarning(note)
+                said = len(checkpointer.notes)
             for recorded in _with_sources(event, ledger, reader=0):
                 yield recorded
 

@@ -15,7 +15,7 @@ import datetime as dt
 import logging
 import traceback
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from pydantic import BaseModel, Field
@@ -23,19 +23,21 @@ from pydantic import BaseModel, Field
 from .. import __version__
 from ..adapters import secrets
 from ..adapters.model_client import (
+    ModelSettings,
     OpenAIModelClient,
     served_context_tokens,
     shared_ssl_context,
 )
 from ..adapters.openwebui import compat
 from ..adapters.openwebui import valves as shared_valves
-from ..adapters.openwebui.catalog import CATALOG, ChatFacts
-from ..adapters.openwebui.emitter import EventRelay, SafeEmitter
-from ..adapters.openwebui.files import (
-    context_handover,
-    web_results_note,
-    with_uploaded_files_note,
+from ..adapters.openwebui.catalog import (
+    CATALOG,
+    ChatFacts,
+    prompt_lines,
+    question_note,
 )
+from ..adapters.openwebui.emitter import EventRelay, SafeEmitter
+from ..adapters.openwebui.files import context_handover, web_results_note
 from ..adapters.openwebui.registry import (
     registry_tool_valves,
     schedule_auto_install,
@@ -49,11 +51,12 @@ from ..adapters.openwebui.toolbox import (
 )
 from ..adapters.openwebui.valves import (
     BaseValves,
-    extractor_endpoint,
     model_settings,
     research_limits,
+    shared_endpoints,
     summary_settings,
 )
+from ..core.events import ModelPort
 from ..core.history import remove_injected_context, split_conversation
 from ..core.prompts import system_prompt_with
 from ..core.sources import SourceLedger
@@ -72,6 +75,24 @@ log = logging.getLogger(__name__)
 SINGLE_MODEL = {"id": "tongyi-deepresearch", "name": "Tongyi DeepResearch"}
 HEAVY_MODEL = {"id": "tongyi-deepresearch-heavy", "name": "Tongyi DeepResearch Heavy"}
 
+#: Waits the given number of seconds (between a model server's retries).
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class ModelClientFactory(Protocol):
+    """Builds the client of one model endpoint for one request.
+
+    `OpenAIModelClient` is one: the request's HTTP client and the pipe's
+    sleep go to every client it builds, for the research, the summary and
+    background tasks alike.
+    """
+
+    def __call__(
+        self, settings: ModelSettings, http_client: httpx.AsyncClient, sleep: Sleep, /
+    ) -> ModelPort:
+        """A client of ``settings``' endpoint that sends through ``http_client``."""
+        ...
+
 
 class Pipe:
     """Tongyi DeepResearch as an Open WebUI model."""
@@ -86,15 +107,34 @@ class Pipe:
             default=True, description="Show the model's thinking while it researches."
         )
 
-    def __init__(self, tool_resolver: ToolResolver | None = None) -> None:
+    def __init__(
+        self,
+        tool_resolver: ToolResolver | None = None,
+        *,
+        model_client: ModelClientFactory = OpenAIModelClient,
+        sleep: Sleep = asyncio.sleep,
+        host_ends_streams: Callable[[], Awaitable[bool]] = (
+            compat.host_ends_async_streams
+        ),
+    ) -> None:
         """Set up the shared, request-independent parts.
 
+        Open WebUI constructs the pipe without arguments: every part has the
+        real one as its default, and tests pass their own.
+
         Args:
-            tool_resolver: Where tool classes come from (tests pass their own);
-                Open WebUI constructs the pipe without arguments.
+            tool_resolver: Where tool classes come from.
+            model_client: Builds each request's model clients (research,
+                summary, background tasks).
+            sleep: How the model clients wait between retries.
+            host_ends_streams: Whether the Open WebUI that runs the pipe ends
+                a streamed reply itself (else the pipe sends the end).
         """
         self.valves = self.Valves()
         self._resolver = tool_resolver or ToolResolver()
+        self._model_client = model_client
+        self._sleep = sleep
+        self._host_ends_streams = host_ends_streams
 
     def pipes(self) -> list[dict[str, str]]:
         """The models this pipe offers (cheap: called on every model listing)."""
@@ -150,7 +190,7 @@ class Pipe:
                 return
             async for text in turn:
                 yield text
-        if body.get("stream") and not await compat.host_ends_async_streams():
+        if body.get("stream") and not await self._host_ends_streams():
             for line in compat.stream_end(str(body.get("model") or "")):
                 yield line
 
@@ -169,7 +209,9 @@ class Pipe:
             headers={"User-Agent": f"tongyi-deepresearch-openwebui/{__version__}"},
         ) as http:
             return await plain_model_reply(
-                OpenAIModelClient(settings, http), task_messages(body), task
+                self._model_client(settings, http, self._sleep),
+                task_messages(body),
+                task,
             )
 
     async def _turn(
@@ -278,19 +320,16 @@ class Pipe:
             await emit.status("Nothing to research", done=True)
             yield "Please ask a question to start the research."
             return
-        question = web_results_note(web_urls) + turns[-1]["content"]
-        if "parse_file" in toolbox.available():
-            # The model expects "(Uploaded 1 file: ['a.txt'])\n\n" before the question.
-            question = with_uploaded_files_note(question, files)
+        # What the offered tools put before the question (parse_file: the
+        # attachments' names, as the model was trained to find them).
+        note = question_note(toolbox.available(), ChatFacts(files=tuple(files)))
+        question = note + web_results_note(web_urls) + turns[-1]["content"]
         turns[-1] = {"role": "user", "content": question}
         preamble = "\n\n".join(
             p for p in (valves.SYSTEM_PROMPT_PREAMBLE.strip(), system_extra) if p
         )
-        # Each offered tool's line, in the catalog's (the reference prompt's) order.
-        offered = set(toolbox.available())
-        lines = [tool.prompt_line for tool in CATALOG if tool.name in offered]
         today = _today(metadata)
-        system = system_prompt_with(lines, today, preamble)
+        system = system_prompt_with(prompt_lines(toolbox.available()), today, preamble)
         rollouts = valves.HEAVY_ROLLOUTS
         await emit.status(
             f"Starting heavy research: {rollouts} rollouts…"
@@ -305,9 +344,9 @@ class Pipe:
             limits = research_limits(
                 valves, await served_context_tokens(http, settings)
             )
-            model = OpenAIModelClient(settings, http)
-            summarizer = OpenAIModelClient(
-                summary_settings(valves, settings, summary_key), http
+            model = self._model_client(settings, http, self._sleep)
+            summarizer = self._model_client(
+                summary_settings(valves, settings, summary_key), http, self._sleep
             )
 
             def tools_for(rollout: int) -> Toolbox:
@@ -358,14 +397,14 @@ class Pipe:
                 cls = await self._resolver.resolve(tool.module)
                 if cls is not None:
                     classes[tool.name] = cls
-        # The visit tool's extractor may share the model server, and only then
-        # its key and URL credentials (see SharedEndpoint).
+        # A tool's valves may take the model server (the visit tool's
+        # extractor), and only then its key and URL credentials (SharedEndpoint).
         context = ToolContext(
             request=request,
             user=user,
             chat_id=chat_id,
             emitter=relay,
-            shared_endpoints={"visit": extractor_endpoint(valves, api_key)},
+            shared_endpoints=shared_endpoints(valves, api_key),
         )
         # The admin's valves of the installed tools (Workspace → Tools).
         admin_valves = {

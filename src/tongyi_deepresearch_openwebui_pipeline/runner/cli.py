@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from .. import __version__
+from ..adapters.checkpoint_store import DirectoryStore
 from ..adapters.openwebui.valves import Valves
 from .batch import (
     ITER_FILE,
@@ -311,10 +312,16 @@ async def _ask(args: argparse.Namespace, settings: Settings) -> int:
         if text:
             _show(text)
 
+    checkpoints = checkpoint_store(args.output, None)
+
     async def research() -> Outcome:
         async with open_researcher(settings) as researcher:
             return await researcher.run(
-                args.question, heavy=args.heavy, sink=None if args.quiet else show
+                args.question,
+                heavy=args.heavy,
+                sink=None if args.quiet else show,
+                checkpoints=checkpoints,
+                run_id="ask",
             )
 
     outcome, interrupted = await _until_interrupted(research())
@@ -331,6 +338,9 @@ async def _ask(args: argparse.Namespace, settings: Settings) -> int:
         _say(f"Wrote {args.output}")
     else:
         _print_result(text, args.quiet)
+    if checkpoints is not None:  # the run ended: nothing is left to resume
+        with contextlib.suppress(OSError):
+            checkpoints.directory.rmdir()
     return EXIT_OK if outcome.finished.answer else EXIT_FAILED
 
 
@@ -504,6 +514,7 @@ async def _batch(args: argparse.Namespace, settings: Settings) -> int:
         _say(f"Nothing to do: all {plan.skipped} records are already in {plan.where}.")
         return status
     state = BatchState(total=len(plan.jobs) + plan.skipped, skipped=plan.skipped)
+    checkpoints = checkpoint_store(args.output, args.output_dir)
     if plan.skipped:
         _say(f"Resuming: {plan.skipped} records already in {plan.where}.")
 
@@ -515,7 +526,12 @@ async def _batch(args: argparse.Namespace, settings: Settings) -> int:
                 _say(f"Asking again: {plural(dropped, 'failed record')} replaced.")
 
             async def research(job: Job) -> Outcome:
-                return await researcher.run(job.question.question, heavy=args.heavy)
+                return await researcher.run(
+                    job.question.question,
+                    heavy=args.heavy,
+                    checkpoints=checkpoints,
+                    run_id=f"{job.rollout_id}:{job.question.question}",
+                )
 
             with contextlib.ExitStack() as files:
                 writers = {
@@ -553,8 +569,35 @@ async def _batch(args: argparse.Namespace, settings: Settings) -> int:
         _say_failures(state)
         return EXIT_INTERRUPTED
     _say(f"Wrote {state.done} records to {_written_to(args, plan)}.")
+    if checkpoints is not None:  # every run ended: nothing is left to resume
+        with contextlib.suppress(OSError):
+            checkpoints.directory.rmdir()
     _say_failures(state)
     return EXIT_FAILED if state.failures else status
+
+
+def checkpoint_store(
+    output: Path | None, output_dir: Path | None
+) -> DirectoryStore | None:
+    """Where a command keeps its runs' progress: beside its output.
+
+    ``DIR/checkpoints/`` for ``--output-dir DIR``, ``FILE.checkpoints/`` for
+    ``--output FILE`` (a regular file, or one still to be made); none
+    without an output, or for one that is not a file (``/dev/stdout``).
+    """
+    if output_dir is not None:
+        return DirectoryStore(output_dir / "checkpoints")
+    if output is None:
+        return None
+    try:
+        kind = output.stat().st_mode
+    except FileNotFoundError:
+        kind = stat.S_IFREG
+    except OSError:
+        return None
+    if not stat.S_ISREG(kind):
+        return None
+    return DirectoryStore(output.with_name(output.name + ".checkpoints"))
 
 
 def _written_to(args: argparse.Namespace, plan: _Plan) -> str:

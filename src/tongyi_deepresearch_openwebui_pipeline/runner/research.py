@@ -23,7 +23,7 @@ import contextlib
 import datetime as dt
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,26 +36,31 @@ from ..adapters.model_client import (
     served_context_tokens,
     shared_ssl_context,
 )
-from ..adapters.openwebui.catalog import CATALOG
+from ..adapters.openwebui.catalog import CATALOG, prompt_lines
 from ..adapters.openwebui.toolbox import Toolbox, ToolContext, ToolResolver
+from ..adapters.openwebui.tooldef import ToolDef
 from ..adapters.openwebui.valves import (
-    extractor_endpoint,
     model_settings,
     research_limits,
+    shared_endpoints,
     summary_settings,
 )
+from ..core.checkpoint import CheckpointStore
 from ..core.events import RunEvent, RunFinished, WrappingUp
 from ..core.loop import RunState
 from ..core.prompts import system_prompt_with
 from ..core.sources import SourceLedger
+from ..engine.checkpoints import Checkpointer, RunKey
 from ..engine.runs import HeavySettings, RunPlan, research, single_run
 from .render import ToolStatus, plural
 from .results import Outcome
-from .settings import Settings
+from .settings import ENV_PREFIX, Settings, flag_of
 from .wording import in_runner_words, runner_text
 
 #: What a run reports as it goes: the engine's events and the tools' statuses.
 EventSink = Callable[[RunEvent | ToolStatus], None]
+#: Whose checkpoints the runner keeps (the runner has one user: its own).
+RUNNER_OWNER = "runner"
 #: Longest the check for a reachable model server may take.
 CHECK_SECONDS = 15.0
 
@@ -72,39 +77,53 @@ class RunnerError(Exception):
         self.code = code
 
 
-def _tool_valves(settings: Settings) -> dict[str, dict[str, Any]]:
-    """Each tool module's valves outside Open WebUI (config tables win)."""
-    searxng = settings.options.SEARXNG_URL
-    base: dict[str, dict[str, Any]] = {
-        "search": {"SEARXNG_URL": searxng},
-        "google_scholar": {"SEARXNG_URL": searxng},
-        "visit": {
-            "PAGE_LOADER": "builtin",
-            "ALLOW_PRIVATE_URLS": settings.options.ALLOW_PRIVATE_URLS,
-        },
-    }
+def tool_valves(
+    settings: Settings, catalog: Sequence[ToolDef] = CATALOG
+) -> dict[str, dict[str, Any]]:
+    """Each tool module's valves outside Open WebUI (config tables win).
+
+    What each tool takes from the runner is in its definition
+    (`ToolModule.runner`): fixed values, and the runner settings of the
+    valves' own names.
+    """
+    options = settings.options
+    base: dict[str, dict[str, Any]] = {}
+    for tool in catalog:
+        if tool.module is None:
+            continue
+        runner = tool.module.runner
+        values = dict(runner.fixed)
+        values |= {name: getattr(options, name) for name in runner.settings}
+        if values:
+            base[tool.name] = values
     for name, table in settings.tool_valves.items():
         base.setdefault(name, {}).update(table)
     return base
 
 
-def check_search(settings: Settings) -> None:
-    """Fail clearly when search is on but no search engine is configured.
+def check_tool_settings(
+    settings: Settings, catalog: Sequence[ToolDef] = CATALOG
+) -> None:
+    """Fail clearly when a tool is on but a setting it needs is empty.
 
     Raises:
-        RunnerError: Search is offered and no SearXNG URL is set.
+        RunnerError: A tool that is offered lacks its required setting (search:
+            no SearXNG URL).
     """
-    if not settings.enabled("SEARCH_ENABLED"):
-        return
-    if str(_tool_valves(settings)["search"].get("SEARXNG_URL") or "").strip():
-        return
-    raise RunnerError(
-        "no search engine configured: set SEARXNG_URL (--searxng-url, "
-        "TDR_SEARXNG_URL or SEARXNG_URL in the config file) to a SearXNG "
-        "search URL with the JSON format enabled, or SEARCH_ENABLED=false "
-        "to research without web search",
-        code=2,
-    )
+    valves = tool_valves(settings, catalog)
+    for tool in catalog:
+        required = tool.module.runner.required if tool.module else None
+        if required is None or not settings.enabled(tool.valve):
+            continue
+        if str(valves.get(tool.name, {}).get(required.setting) or "").strip():
+            continue
+        name = required.setting
+        raise RunnerError(
+            f"{required.problem}: set {name} ({flag_of(name)}, {ENV_PREFIX}{name} "
+            f"or {name} in the config file) to {required.wanted}, or "
+            f"{tool.valve}=false to research without {required.without}",
+            code=2,
+        )
 
 
 @dataclass(frozen=True)
@@ -115,12 +134,14 @@ class _Tools:
     valves: Mapping[str, Mapping[str, Any]]
 
 
-async def _resolve_tools(settings: Settings) -> _Tools:
+async def _resolve_tools(
+    settings: Settings, catalog: Sequence[ToolDef] = CATALOG
+) -> _Tools:
     resolver = ToolResolver()
     classes: dict[str, type] = {}
     valves: dict[str, dict[str, Any]] = {}
-    wanted = _tool_valves(settings)
-    for tool in CATALOG:
+    wanted = tool_valves(settings, catalog)
+    for tool in catalog:
         if tool.module is None or not settings.enabled(tool.valve):
             continue
         cls = await resolver.resolve(tool.module)
@@ -181,9 +202,7 @@ class Researcher:
         context = ToolContext(
             chat_id=f"runner-{uuid.uuid4().hex}",
             emitter=_status_relay(sink, rollout) if sink else None,
-            shared_endpoints={
-                "visit": extractor_endpoint(valves, self.settings.api_key)
-            },
+            shared_endpoints=shared_endpoints(valves, self.settings.api_key),
         )
         return Toolbox(
             self.tools.classes,
@@ -195,11 +214,10 @@ class Researcher:
     def plan(self, question: str, heavy: int = 0) -> RunPlan:
         """The plan of one research of `question` (`heavy` rollouts, 0: single)."""
         valves = self.settings.valves
-        lines = [
-            tool.prompt_line for tool in CATALOG if tool.name in self.tools.classes
-        ]
         system = system_prompt_with(
-            lines, self.today, valves.SYSTEM_PROMPT_PREAMBLE.strip()
+            prompt_lines(self.tools.classes),
+            self.today,
+            valves.SYSTEM_PROMPT_PREAMBLE.strip(),
         )
         return RunPlan(
             messages=[
@@ -221,18 +239,46 @@ class Researcher:
         )
 
     async def run(
-        self, question: str, *, heavy: int = 0, sink: EventSink | None = None
+        self,
+        question: str,
+        *,
+        heavy: int = 0,
+        sink: EventSink | None = None,
+        checkpoints: CheckpointStore | None = None,
+        run_id: str = "",
     ) -> Outcome:
-        """Research `question`; every event goes to `sink` as it happens."""
+        """Research `question`; every event goes to `sink` as it happens.
+
+        With `checkpoints`, a single run saves its progress there under
+        `run_id` after every round and goes on from what an interrupted run
+        of the same question left there.
+        """
         plan = self.plan(question, heavy)
         ledger = SourceLedger()
         started = time.monotonic()
         state: RunState | None = None
         base = self.toolbox(sink)
         if plan.heavy is None:
-            state = RunState(messages=list(plan.messages), started=started)
+            keeper = (
+                Checkpointer(checkpoints, RunKey(RUNNER_OWNER, run_id, question))
+                if checkpoints is not None
+                else None
+            )
+            saved = await keeper.resume() if keeper is not None else None
+            if saved is not None:
+                ledger = saved.ledger()
+                state = saved.state
+            else:
+                state = RunState(messages=list(plan.messages), started=started)
             events = single_run(
-                state, self.model, base, plan.limits, ledger, summarizer=self.summarizer
+                state,
+                self.model,
+                base,
+                plan.limits,
+                ledger,
+                summarizer=self.summarizer,
+                checkpointer=keeper,
+                resuming=saved is not None,
             )
         else:
             shared_chat = base
@@ -356,7 +402,7 @@ async def open_researcher(
     Raises:
         RunnerError: No search engine, no model server, or a bad tool valve.
     """
-    check_search(settings)
+    check_tool_settings(settings)
     tools = await _resolve_tools(settings)
     async with httpx.AsyncClient(
         verify=await shared_ssl_context(),

@@ -9,8 +9,9 @@ addresses). Each is read, later sources winning, from:
 1. its default;
 2. a TOML config file (``--config FILE``, else ``$TDR_CONFIG``, else
    ``$XDG_CONFIG_HOME/tongyi-deepresearch/config.toml`` when it exists):
-   top-level ``NAME = value``, and ``[tools.search]``, ``[tools.visit]``,
-   ``[tools.google_scholar]`` tables with a tool's own valves;
+   top-level ``NAME = value``, and a ``[tools.<name>]`` table with a tool's
+   own valves for each tool module of the catalog (``[tools.search]``,
+   ``[tools.visit]``, ``[tools.google_scholar]``);
 3. the environment: ``TDR_<NAME>`` (e.g. ``TDR_API_BASE_URL``);
 4. flags (``--api-base-url`` … and ``--set NAME=VALUE``).
 

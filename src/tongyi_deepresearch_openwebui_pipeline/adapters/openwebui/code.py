@@ -23,7 +23,7 @@ from typing import Any
 from ...core.events import ToolOutcome
 from ...core.toolcalls import PYTHON_FORMAT_ERROR, ToolCall
 from . import compat
-from .toolbox import Handler
+from .tooldef import Handler
 
 log = logging.getLogger(__name__)
 

@@ -145,18 +145,22 @@ def _host_ends_async_streams_now() -> bool:
     return _SYNC_ONLY_STREAM_END.search(source) is None
 
 
-async def host_ends_async_streams() -> bool:
+async def host_ends_async_streams(*, cache: dict[str, bool] | None = None) -> bool:
     """Whether Open WebUI itself ends a pipe's streamed async-generator reply.
 
     False on 0.6 and 0.8: there an API client streaming from the pipe gets
     neither a ``finish_reason`` nor ``data: [DONE]`` unless the pipe sends
     them. Detected from Open WebUI's own code, read once off the event loop.
+
+    Args:
+        cache: Where the answer is kept (default: the process's, since Open
+            WebUI's code does not change while it runs; a test that swaps
+            the code in passes a fresh one).
     """
-    if "result" not in _STREAM_END_CHECKS:
-        _STREAM_END_CHECKS["result"] = await asyncio.to_thread(
-            _host_ends_async_streams_now
-        )
-    return _STREAM_END_CHECKS["result"]
+    checks = _STREAM_END_CHECKS if cache is None else cache
+    if "result" not in checks:
+        checks["result"] = await asyncio.to_thread(_host_ends_async_streams_now)
+    return checks["result"]
 
 
 def stream_end(model: str) -> list[str]:

@@ -26,7 +26,7 @@ from ...core.events import ToolOutcome
 from ...core.history import ContextSource
 from ...core.toolcalls import ToolCall
 from . import compat
-from .toolbox import Handler
+from .tooldef import Handler
 
 log = logging.getLogger(__name__)
 

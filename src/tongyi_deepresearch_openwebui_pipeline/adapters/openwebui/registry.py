@@ -44,7 +44,8 @@ from typing import Any
 
 from ... import __version__
 from . import compat
-from .toolbox import PACKAGE, TOOL_MODULES, ToolModule
+from .toolbox import PACKAGE, TOOL_MODULES
+from .tooldef import ToolModule
 
 log = logging.getLogger(__name__)
 

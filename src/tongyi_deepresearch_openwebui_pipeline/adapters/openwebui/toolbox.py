@@ -3,11 +3,12 @@
 Each tool is defined once, in `catalog.CATALOG`. A tool that is a module of
 this package is found by importing it from the installed package (the pipe
 itself runs from it, so it is always there) and run as a fresh ``Tools()``
-per call, with the admin's valves when the tool is installed in Open WebUI;
-handlers (files, Jupyter) are built for the chat. Where a tool's endpoint may
-be the pipe's own model server (the visit tool's extractor), `SharedEndpoint`
-fills it in, so a single API key in the pipe is enough, and hands the pipe's
-key only to that server.
+per call, with the admin's valves when the tool is installed in Open WebUI
+and the reserved arguments its definition names; handlers (files, Jupyter)
+are built for the chat. Where a tool's valves may take the pipe's own model
+server (`ToolModule.model_server`: the visit tool's extractor),
+`SharedEndpoint` fills them in, so a single API key in the pipe is enough,
+and hands the pipe's key only to that server.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ import asyncio
 import importlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from ...core.events import ToolOutcome
-from ...core.toolcalls import ToolCall
+from ...core.toolcalls import SCHEMAS, CallError, ToolCall, check_arguments
 from .. import secrets
-from .catalog import Handler, ToolModule, call_tallies, tool_modules
+from .catalog import CATALOG, call_tallies, tool_modules, tool_named
+from .tooldef import Handler, ToolDef, ToolModule
 
 __all__ = ["TOOL_MODULES", "Handler", "ToolModule"]
 
@@ -137,6 +139,15 @@ class ToolContext:
     #: The pipe's model server, offered to a tool's endpoint valves (by tool).
     shared_endpoints: Mapping[str, SharedEndpoint] = field(default_factory=dict)
 
+    def reserved_arguments(self) -> dict[str, Any]:
+        """Each reserved argument a tool may take (`tooldef.RESERVED_ARGUMENTS`)."""
+        return {
+            "__request__": self.request,
+            "__user__": self.user,
+            "__event_emitter__": self.emitter,
+            "__chat_id__": self.chat_id,
+        }
+
 
 class Toolbox:
     """`ToolPort` over the resolved tool classes and built-in handlers."""
@@ -148,13 +159,20 @@ class Toolbox:
         admin_valves: Mapping[str, Mapping[str, Any]] | None = None,
         handlers: Mapping[str, Handler] | None = None,
         timeout_seconds: float = 900.0,
+        *,
+        catalog: Sequence[ToolDef] = CATALOG,
     ) -> None:
-        """Offer ``classes`` (by tool name) plus ``handlers`` (e.g. parse_file)."""
+        """Offer ``classes`` (by tool name) plus ``handlers`` (e.g. parse_file).
+
+        ``catalog`` holds the definition of every tool offered.
+        """
         self._classes = dict(classes)
         self._context = context
         self._admin_valves = dict(admin_valves or {})
         self._handlers = dict(handlers or {})
         self._timeout = timeout_seconds
+        self._catalog = tuple(catalog)
+        self._modules = tool_modules(self._catalog)
 
     def with_emitter(
         self, emitter: Callable[[dict[str, Any]], Awaitable[None]]
@@ -166,6 +184,7 @@ class Toolbox:
             self._admin_valves,
             self._handlers,
             self._timeout,
+            catalog=self._catalog,
         )
 
     def available(self) -> list[str]:
@@ -200,34 +219,46 @@ class Toolbox:
 
     async def run(self, call: ToolCall) -> ToolOutcome:
         """Run one validated call with a time limit."""
+        checked = self._checked(call)
+        if isinstance(checked, CallError):
+            return ToolOutcome(checked.message, ok=False)
+        outcome = await self._run_in_time(checked)
+        counts = call_tallies(checked.name, checked.arguments, self._catalog)
+        return replace(outcome, counts=counts)
+
+    async def _run_in_time(self, call: ToolCall) -> ToolOutcome:
         try:
             async with asyncio.timeout(self._timeout):
-                outcome = await self._dispatch(call)
+                return await self._dispatch(call)
         except TimeoutError:
-            outcome = ToolOutcome(
+            return ToolOutcome(
                 f"Error: the {call.name} tool did not finish within "
                 f"{self._timeout:.0f} seconds. Try fewer queries or URLs.",
                 ok=False,
             )
-        return replace(outcome, counts=call_tallies(call.name, call.arguments))
+
+    def _checked(self, call: ToolCall) -> ToolCall | CallError:
+        """``call`` checked against its tool's prompt line.
+
+        The loop has checked the calls of the model's own tools against
+        their lines (`core.toolcalls.SCHEMAS`); a tool with a line of its
+        own is checked here, in the same words.
+        """
+        tool = tool_named(call.name, self._catalog)
+        if tool is None or SCHEMAS.get(call.name) == tool.schema:
+            return call
+        return check_arguments(call, tool.schema)
 
     async def _dispatch(self, call: ToolCall) -> ToolOutcome:
         if call.name in self._handlers:
             return await self._handlers[call.name](call)
-        spec = TOOL_MODULES[call.name]
+        spec = self._modules[call.name]
         method = getattr(self._instance(call.name), spec.method)
-        ctx = self._context
-        kwargs: dict[str, Any] = {
-            "__request__": ctx.request,
-            "__user__": ctx.user,
-            "__event_emitter__": ctx.emitter,
-        }
-        if call.name == "visit":
-            kwargs["__chat_id__"] = ctx.chat_id
+        reserved = self._context.reserved_arguments()
         accepted = inspect.signature(method).parameters
         # The model may add arguments the tool does not take; drop them.
         arguments = {k: v for k, v in call.arguments.items() if k in accepted}
-        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+        kwargs = {name: reserved[name] for name in spec.reserved if name in accepted}
         return _outcome(await method(**arguments, **kwargs))
 
 

@@ -6,12 +6,14 @@ the headless runner's settings (``tongyi-deepresearch``, from flags,
 serves as ``Pipe.Valves`` and the runner validates its settings with. What a
 run needs from them is derived here once for both: how to reach the research
 model (`model_settings`) and the summary model (`summary_settings`), the
-run's budgets (`research_limits`), and the research model's endpoint offered
-to the visit tool's extractor (`extractor_endpoint`).
+run's budgets (`research_limits`), and the research model's server offered
+to the tools whose valves may take it (`shared_endpoints`: the visit tool's
+extractor).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -24,6 +26,7 @@ from .. import secrets
 from ..model_client import ModelSettings
 from .catalog import CATALOG
 from .toolbox import SharedEndpoint
+from .tooldef import ToolDef
 
 DEFAULT_BASE_URL = "http://localhost:8000/v1"
 DEFAULT_MODEL = "Alibaba-NLP/Tongyi-DeepResearch-30B-A3B"
@@ -293,11 +296,13 @@ class BaseValves(BaseModel):
         return _http_url(value)
 
 
-def _with_tool_switches(settings: type[BaseValves]) -> type[BaseValves]:
+def with_tool_switches(
+    settings: type[BaseValves], catalog: Sequence[ToolDef] = CATALOG
+) -> type[BaseValves]:
     """The settings plus one switch per tool, from the tool catalog."""
     switches: dict[str, Any] = {
         tool.valve: (bool, Field(default=True, description=tool.valve_description))
-        for tool in CATALOG
+        for tool in catalog
     }
     return create_model(
         "Valves", __base__=settings, __doc__=settings.__doc__, **switches
@@ -306,7 +311,7 @@ def _with_tool_switches(settings: type[BaseValves]) -> type[BaseValves]:
 
 #: The valves: the settings above plus one switch per tool of the catalog.
 #: Annotate with `BaseValves` (a type checker cannot see the switches).
-Valves = _with_tool_switches(BaseValves)
+Valves = with_tool_switches(BaseValves)
 
 
 def model_settings(valves: BaseValves, api_key: str) -> ModelSettings:
@@ -392,17 +397,25 @@ def research_limits(valves: BaseValves, served_context_tokens: int) -> Limits:
     )
 
 
-def extractor_endpoint(valves: BaseValves, api_key: str) -> SharedEndpoint:
-    """The research model's server, offered to the visit tool's extractor.
+def shared_endpoints(
+    valves: BaseValves, api_key: str, catalog: Sequence[ToolDef] = CATALOG
+) -> dict[str, SharedEndpoint]:
+    """The research model's server, offered to each tool whose valves may take it.
 
-    The key and URL credentials reach the extractor only when it is left to
-    the research model's server (see `SharedEndpoint`).
+    By tool name, for `toolbox.ToolContext.shared_endpoints`: the tools whose
+    definition names such valves (`ToolModule.model_server`: the visit tool's
+    extractor). The key and URL credentials reach a tool only when it is left
+    to the research model's server (see `SharedEndpoint`).
     """
-    return SharedEndpoint(
-        url_valve="EXTRACTOR_BASE_URL",
-        key_valve="EXTRACTOR_API_KEY",
-        model_valve="EXTRACTOR_MODEL",
-        base_url=valves.API_BASE_URL,
-        api_key=api_key,
-        model=valves.MODEL_ID,
-    )
+    return {
+        tool.name: SharedEndpoint(
+            url_valve=tool.module.model_server.url,
+            key_valve=tool.module.model_server.key,
+            model_valve=tool.module.model_server.model,
+            base_url=valves.API_BASE_URL,
+            api_key=api_key,
+            model=valves.MODEL_ID,
+        )
+        for tool in catalog
+        if tool.module is not None and tool.module.model_server is not None
+    }
