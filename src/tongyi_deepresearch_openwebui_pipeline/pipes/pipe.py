@@ -28,7 +28,7 @@ from ..adapters.model_client import (
     served_context_tokens,
     shared_ssl_context,
 )
-from ..adapters.openwebui import compat
+from ..adapters.openwebui import compat, durable
 from ..adapters.openwebui import valves as shared_valves
 from ..adapters.openwebui.catalog import (
     CATALOG,
@@ -56,6 +56,7 @@ from ..adapters.openwebui.valves import (
     shared_endpoints,
     summary_settings,
 )
+from ..core.checkpoint import CheckpointStore
 from ..core.events import ModelPort
 from ..core.history import remove_injected_context, split_conversation
 from ..core.prompts import system_prompt_with
@@ -67,6 +68,7 @@ from ..core.tasks import (
     task_messages,
     task_reply,
 )
+from ..engine.checkpoints import Checkpointer, RunKey
 from ..engine.runs import HeavySettings, RunPlan, research
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,8 @@ class Pipe:
         host_ends_streams: Callable[[], Awaitable[bool]] = (
             compat.host_ends_async_streams
         ),
+        checkpoints: Callable[[], CheckpointStore | None] = durable.database_store,
+        shutting_down: Callable[[], bool] = durable.shutting_down,
     ) -> None:
         """Set up the shared, request-independent parts.
 
@@ -129,12 +133,19 @@ class Pipe:
             sleep: How the model clients wait between retries.
             host_ends_streams: Whether the Open WebUI that runs the pipe ends
                 a streamed reply itself (else the pipe sends the end).
+            checkpoints: Where runs keep their progress (None: nowhere);
+                Open WebUI's database by default.
+            shutting_down: Whether the process is being stopped: a run
+                cancelled then keeps its progress (a restart), one cancelled
+                otherwise was stopped by its user and is forgotten.
         """
         self.valves = self.Valves()
         self._resolver = tool_resolver or ToolResolver()
         self._model_client = model_client
         self._sleep = sleep
         self._host_ends_streams = host_ends_streams
+        self._checkpoints = checkpoints
+        self._shutting_down = shutting_down
 
     def pipes(self) -> list[dict[str, str]]:
         """The models this pipe offers (cheap: called on every model listing)."""
@@ -322,8 +333,9 @@ class Pipe:
             return
         # What the offered tools put before the question (parse_file: the
         # attachments' names, as the model was trained to find them).
+        asked = str(turns[-1]["content"])
         note = question_note(toolbox.available(), ChatFacts(files=tuple(files)))
-        question = note + web_results_note(web_urls) + turns[-1]["content"]
+        question = note + web_results_note(web_urls) + asked
         turns[-1] = {"role": "user", "content": question}
         preamble = "\n\n".join(
             p for p in (valves.SYSTEM_PROMPT_PREAMBLE.strip(), system_extra) if p
@@ -370,14 +382,58 @@ class Pipe:
                     else None
                 ),
             )
-            events = research(plan, model, tools_for, ledger, summarizer)
-            async with contextlib.aclosing(events):
-                async for event in events:
-                    rendered = renderer.render(event)
-                    for payload in rendered.events:
-                        await emit(payload)
-                    if rendered.text:
-                        yield rendered.text
+            keeper = self._checkpointer(valves, user, chat_id, asked, heavy)
+            saved = await keeper.resume() if keeper is not None else None
+            if saved is not None:
+                ledger.restore(saved.sources, saved.reads)
+            events = research(
+                plan,
+                model,
+                tools_for,
+                ledger,
+                summarizer,
+                checkpointer=keeper,
+                resumed=saved.state if saved is not None else None,
+            )
+            try:
+                async with contextlib.aclosing(events):
+                    async for event in events:
+                        rendered = renderer.render(event)
+                        for payload in rendered.events:
+                            await emit(payload)
+                        if rendered.text:
+                            yield rendered.text
+            except (asyncio.CancelledError, GeneratorExit):
+                if keeper is not None and not self._shutting_down():
+                    await _forget(keeper)  # Stop: the run stays stopped
+                raise
+
+    def _checkpointer(
+        self,
+        valves: BaseValves,
+        user: dict[str, Any] | None,
+        chat_id: str | None,
+        question: str,
+        heavy: bool,
+    ) -> Checkpointer | None:
+        """Where this run keeps its progress: one user's chat, one question.
+
+        None for a heavy run, a request outside a saved chat (an API call
+        without a chat id, a temporary chat) or with the valve off.
+        """
+        owner = str((user or {}).get("id") or "")
+        if heavy or not valves.RESUME_INTERRUPTED_RUNS or not owner:
+            return None
+        if not chat_id or chat_id.startswith("local"):  # "local:…": not stored
+            return None
+        store = self._checkpoints()
+        if store is None:
+            return None
+        return Checkpointer(
+            store,
+            RunKey(owner, chat_id, question),
+            max_age_seconds=valves.CHECKPOINT_MAX_AGE_HOURS * 3600,
+        )
 
     async def _toolbox(
         self,
@@ -429,6 +485,13 @@ class Pipe:
 
 #: Longest the "Stopped" status may hold up a cancelled run.
 STOPPED_STATUS_SECONDS = 2.0
+
+
+async def _forget(keeper: Checkpointer) -> None:
+    """Remove the run's saved progress, bounded (the run is being cancelled)."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(5.0):
+            await keeper.finish()
 
 
 async def _say_stopped(emit: SafeEmitter) -> None:

@@ -312,7 +312,7 @@ async def _ask(args: argparse.Namespace, settings: Settings) -> int:
         if text:
             _show(text)
 
-    checkpoints = checkpoint_store(args.output, None)
+    checkpoints = checkpoint_store(args.output, None, settings)
 
     async def research() -> Outcome:
         async with open_researcher(settings) as researcher:
@@ -514,7 +514,7 @@ async def _batch(args: argparse.Namespace, settings: Settings) -> int:
         _say(f"Nothing to do: all {plan.skipped} records are already in {plan.where}.")
         return status
     state = BatchState(total=len(plan.jobs) + plan.skipped, skipped=plan.skipped)
-    checkpoints = checkpoint_store(args.output, args.output_dir)
+    checkpoints = checkpoint_store(args.output, args.output_dir, settings)
     if plan.skipped:
         _say(f"Resuming: {plan.skipped} records already in {plan.where}.")
 
@@ -577,14 +577,17 @@ async def _batch(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def checkpoint_store(
-    output: Path | None, output_dir: Path | None
+    output: Path | None, output_dir: Path | None, settings: Settings
 ) -> DirectoryStore | None:
     """Where a command keeps its runs' progress: beside its output.
 
     ``DIR/checkpoints/`` for ``--output-dir DIR``, ``FILE.checkpoints/`` for
     ``--output FILE`` (a regular file, or one still to be made); none
-    without an output, or for one that is not a file (``/dev/stdout``).
+    without an output, for one that is not a file (``/dev/stdout``), or with
+    ``RESUME_INTERRUPTED_RUNS`` off.
     """
+    if not settings.valves.RESUME_INTERRUPTED_RUNS:
+        return None
     if output_dir is not None:
         return DirectoryStore(output_dir / "checkpoints")
     if output is None:

@@ -259,8 +259,13 @@ class Researcher:
         state: RunState | None = None
         base = self.toolbox(sink)
         if plan.heavy is None:
+            max_age = self.settings.valves.CHECKPOINT_MAX_AGE_HOURS * 3600
             keeper = (
-                Checkpointer(checkpoints, RunKey(RUNNER_OWNER, run_id, question))
+                Checkpointer(
+                    checkpoints,
+                    RunKey(RUNNER_OWNER, run_id, question),
+                    max_age_seconds=max_age,
+                )
                 if checkpoints is not None
                 else None
             )

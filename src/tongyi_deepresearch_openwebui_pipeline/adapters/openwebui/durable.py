@@ -38,6 +38,8 @@ def database_store() -> DatabaseStore | None:
             if engine is None:
                 return None
             _STORE.append(DatabaseStore(engine))
+            # Inside Open WebUI: a restart must not read as Stop.
+            watch_shutdown()
         return _STORE[0]
 
 

@@ -134,6 +134,25 @@ class BaseValves(BaseModel):
             "ends at the limit with what was written)."
         ),
     )
+    RESUME_INTERRUPTED_RUNS: bool = Field(
+        default=True,
+        description=(
+            "Save a research's progress after every round (Open WebUI's database; "
+            "the runner: beside its output) so a research interrupted by a "
+            "restart or a crash goes on from its last finished round when the "
+            "message is regenerated or the question asked again in that chat. "
+            "Heavy runs start again."
+        ),
+    )
+    CHECKPOINT_MAX_AGE_HOURS: float = Field(
+        default=168.0,
+        ge=1.0,
+        le=24.0 * 365,
+        description=(
+            "How long an interrupted research's saved progress is kept (then "
+            "removed; a finished or stopped research's at once)."
+        ),
+    )
     MAX_CALLS_PER_TURN: int = Field(
         default=5,
         ge=1,
