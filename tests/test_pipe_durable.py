@@ -92,8 +92,7 @@ async def test_a_restarted_research_goes_on_from_its_last_finished_round(
     )
     # The note opens the message; the answer cites both pages by their numbers.
     assert turn.answer == (
-        f"{resuming}\n\nThe Pharos [1]({PAGE_1}) [1], then the Tower "
-        f"[2]({PAGE_2}) [2]."
+        f"{resuming}\n\nThe Pharos [1]({PAGE_1}) [1], then the Tower [2]({PAGE_2}) [2]."
     )
     # Both pages are the message's sources, numbered as first read.
     assert [s["source"]["url"] for s in turn.events.sources()] == [PAGE_1, PAGE_2]
@@ -151,3 +150,24 @@ async def test_no_checkpoint_outside_a_saved_chat(tmp_path: Path):
                 break
         await chat.aclose()
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_checkpoint_holds_no_key_and_no_url_password(tmp_path: Path):
+    store = DirectoryStore(tmp_path)
+    key, password = "sk-checkpoint-key-4242", "pw-checkpoint-9191"
+    with FakeOpenAI() as fake:
+        fake.respond_with(research)
+        pipe = pipe_on(fake, store, restarting=True)
+        host = fake.base_url.removeprefix("http://")
+        pipe.valves = pipe.Valves(
+            API_BASE_URL=f"http://user:{password}@{host}",
+            API_KEY=key,
+            MODEL_ID=fake.model,
+        )
+        await cut_off_at_round(pipe, 3)
+    (saved,) = list(tmp_path.iterdir())
+    data = saved.read_bytes()
+    assert b'"format":"tongyi-deepresearch-checkpoint"' in data
+    assert key.encode() not in data
+    assert password.encode() not in data
+    assert host.encode() not in data  # no server URL either
