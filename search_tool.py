@@ -43,7 +43,7 @@ import ssl
 import threading
 import traceback
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import SimpleNamespace
@@ -55,8 +55,27 @@ from pydantic import BaseModel, Field
 
 log = logging.getLogger(__name__)
 
-# --- shared: search_common (made from tools/shared/search_common.py) ---
+# --- shared: events (made from tools/shared/events.py) ---
 Emitter = Callable[[dict], Awaitable[Any]]
+
+
+async def _send_event(emitter: Emitter | None, event: dict) -> None:
+    """Send an event; a broken emitter never breaks the tool (the UI is optional)."""
+    if emitter is None:
+        return
+    try:
+        sent = emitter(event)
+        if inspect.isawaitable(sent):
+            await sent
+    except Exception as exc:
+        log.debug("event emitter failed: %s", type(exc).__name__)
+
+
+# --- end shared: events ---
+
+
+# --- shared: search_common (made from tools/shared/search_common.py) ---
+Made = TypeVar("Made")
 
 
 SEPARATOR = "\n=======\n"
@@ -108,77 +127,361 @@ def _score(result: dict) -> float:
 
 async def _emit(emitter: Emitter | None, **data: Any) -> None:
     """Send a status event; a failing emitter never stops the search."""
-    if emitter is None:
-        return
-    try:
-        sent = emitter({"type": "status", "data": data})
-        if inspect.isawaitable(sent):
-            await sent
-    except Exception as exc:  # the UI is optional
-        log.debug("status event failed: %s", type(exc).__name__)
+    await _send_event(emitter, {"type": "status", "data": data})
 
 
-def _import_openwebui() -> SimpleNamespace | None:
-    """Open WebUI's search pieces, or None outside Open WebUI (the test seam)."""
-    try:
-        from open_webui.routers import retrieval  # noqa: PLC0415
-    except ImportError:
+def _ranked(results: list) -> list[dict]:
+    """The results that are objects, best SearXNG score first (as Open WebUI)."""
+    return sorted((r for r in results if isinstance(r, dict)), key=_score, reverse=True)
+
+
+def _normalise_queries(query: Any) -> list[str] | None:
+    """Distinct, stripped queries in input order; None when the input is invalid."""
+    if isinstance(query, str):
+        query = [query]
+    if not isinstance(query, list) or not all(isinstance(q, str) for q in query):
         return None
-    try:
-        from open_webui.models.config import Config  # noqa: PLC0415  (0.11+)
-    except ImportError:
-        Config = None  # noqa: N806
-    try:
-        from open_webui.models.users import UserModel  # noqa: PLC0415
-    except ImportError:
-        UserModel = None  # noqa: N806
-    return SimpleNamespace(
-        search_web=retrieval.search_web,
-        config_store=Config,
-        user_model=UserModel,
-        config_keys=getattr(retrieval, "RETRIEVAL_CONFIG_KEYS", None),
+    return list(dict.fromkeys(q.strip() for q in query if q.strip())) or None
+
+
+def _skipped_note(skipped: list[str], limit: int) -> str:
+    """Model-facing note naming the queries that were over the per-call limit."""
+    names = ", ".join(f"'{q}'" for q in skipped)
+    return (
+        f"\n\nNote: only the first {limit} queries of this call were searched "
+        f"(limit per call). Not searched: {names}. "
+        "Call the tool again with these queries if you still need them."
     )
 
 
-def _app_setting(app_config: Any, *names: str) -> Any:
-    """A 0.6/0.8 `app.state.config` value (its AppConfig may raise KeyError)."""
-    for name in names:
+def _positive(value: Any, default: int, ceiling: int | None = None) -> int:
+    """A valve limit as an int from 1 (to `ceiling`); non-numbers give the default."""
+    try:
+        number = max(int(value), 1)
+    except (TypeError, ValueError):
+        return default
+    return number if ceiling is None else min(number, ceiling)
+
+
+def _cut(text: str, limit: int) -> str:
+    """Text of at most about `limit` characters, cut at a word."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " …"
+
+
+def _field(item: Any, name: str) -> Any:
+    """Read a field from a dict or an object (Open WebUI's SearchResult)."""
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
+
+
+def _first_made(
+    items: list, count: int, make: Callable[[Any], Made | None]
+) -> list[Made]:
+    """The first `count` items `make` turns into a result (None: not one).
+
+    An item `make` cannot read (an odd result object) is skipped.
+    """
+    made: list[Made] = []
+    for item in items:
+        if len(made) >= count:
+            break
         try:
-            return getattr(app_config, name)
-        except (AttributeError, KeyError):
+            result = make(item)
+        except Exception:  # noqa: S112  (an odd result object)
             continue
-    return None
+        if result:
+            made.append(result)
+    return made
 
 
 # --- end shared: search_common ---
 
 
+# --- shared: safe_http (made from tools/shared/safe_http.py) ---
+class _TlsContexts:
+    """The TLS contexts of a process, one per verify setting, each built once.
+
+    Building one loads the CA bundle: ~30 ms on an idle machine, 100-300 ms
+    under load, all of it blocking, so `_ssl_context` builds it once, in a
+    worker thread, and every client shares it. The server name to check is
+    given per connection (SNI), so one context serves every host, connections
+    pinned to an address included. Iterating gives the contexts built so far.
+    """
+
+    def __init__(
+        self, create: Callable[..., ssl.SSLContext] = httpx.create_ssl_context
+    ) -> None:
+        """Hold no context yet.
+
+        Args:
+            create: Builds a context, given ``verify=`` (httpx's, as every
+                client of the tools would build one).
+        """
+        self._create = create
+        self._by_verify: dict[bool, ssl.SSLContext] = {}
+        self._lock = threading.Lock()
+
+    def get(self, verify: bool) -> ssl.SSLContext | None:
+        """The context built for `verify`, or None."""
+        return self._by_verify.get(verify)
+
+    def build(self, verify: bool) -> ssl.SSLContext:
+        """The context for `verify`, built now if none was (blocking).
+
+        Calls at the same time wait for one another: one context is built.
+        """
+        with self._lock:
+            context = self._by_verify.get(verify)
+            if context is None:
+                # verify=False: no certificate or host name check (CERT_NONE).
+                context = self._by_verify[verify] = self._create(verify=verify)
+            return context
+
+    def __getitem__(self, verify: bool) -> ssl.SSLContext:
+        """The context built for `verify` (KeyError if none was)."""
+        return self._by_verify[verify]
+
+    def __iter__(self) -> Iterator[ssl.SSLContext]:
+        """The contexts built so far."""
+        return iter(list(self._by_verify.values()))
+
+
+# The contexts of this process, shared by every call of the tool.
+_SSL_CONTEXTS = _TlsContexts()
+
+
+async def _ssl_context(
+    verify: bool = True, contexts: _TlsContexts = _SSL_CONTEXTS
+) -> ssl.SSLContext:
+    """The shared TLS context for `verify`; only the first call waits for it.
+
+    Args:
+        verify: Whether certificates and host names are checked.
+        contexts: Where contexts are kept (the process's by default).
+
+    Returns:
+        The context, built off the event loop the first time.
+    """
+    context = contexts.get(verify)
+    if context is None:
+        context = await asyncio.to_thread(contexts.build, verify)
+    return context
+
+
+# The Content-Encodings a body may have, with zlib's window bits for each
+# (gzip; deflate with a zlib header, or a gzip one, else raw deflate as some
+# servers send it). Accept-Encoding announces exactly these: httpx would also
+# offer br and zstd when those packages are installed, decoded without a bound.
+_DECODED_ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": 32 + zlib.MAX_WBITS}
+
+
+# Other names of the same encodings.
+_ENCODING_ALIASES = {"x-gzip": "gzip", "": "identity"}
+
+
+ACCEPT_ENCODING = ", ".join(_DECODED_ENCODINGS)
+
+
+# A zlib (or gzip) header is checked on its first two bytes: a deflate body
+# refused there has none, and is read again as raw deflate.
+_DEFLATE_HEADER_BYTES = 2
+
+
+# Gzip members in one body: real ones have one, rarely a few. Each member's
+# end makes zlib copy the rest of the chunk, so the count is capped.
+_MAX_GZIP_MEMBERS = 64
+
+
+class _UnreadableBodyError(ValueError):
+    """A body that cannot be decoded (the message says why, for a reader)."""
+
+
+class _BoundedDecoder:
+    """Content-Encoding decoder that never produces more than asked for.
+
+    httpx's own decoder inflates a whole network chunk at once, so a gzip bomb
+    could allocate far beyond the size cap; zlib's `max_length` cannot. The
+    stream's end is the body's end: gzip members that follow are inflated
+    (up to `_MAX_GZIP_MEMBERS`), anything else after it is not read at all
+    (`finished` tells the reader to stop), so junk after the compressed data
+    is neither accumulated nor waited for.
+    """
+
+    def __init__(self, encoding: str) -> None:
+        """Prepare for a body's Content-Encoding (_UnreadableBodyError if unknown)."""
+        name = encoding.strip().lower()
+        self.finished = False  # the body ended: read no more
+        self.cut = False  # ... and more gzip members followed than are read
+        self.trailing = False  # ... and bytes that are no gzip member followed
+        self._members = 0
+        self._between = b""  # bytes after a gzip member, too few to tell
+        self._head = b""  # a deflate body's first bytes, while it may be raw
+        name = _ENCODING_ALIASES.get(name, name)
+        if name == "identity":
+            self._wbits = 0
+        elif name in _DECODED_ENCODINGS:
+            self._wbits = _DECODED_ENCODINGS[name]
+        else:
+            shown = encoding.strip().lower()
+            raise _UnreadableBodyError(f"unsupported content encoding {shown!r}")
+        self._inflater = self._next_member()  # unused for an uncompressed body
+
+    @property
+    def complete(self) -> bool:
+        """Whether the compressed stream ended (an uncompressed body always has)."""
+        return not self._wbits or (self._inflater.eof and not self._between)
+
+    def _next_member(self) -> "zlib._Decompress":
+        self._members += 1
+        return zlib.decompressobj(self._wbits)
+
+    def feed(self, data: bytes, limit: int) -> bytes:
+        """Up to `limit` decoded bytes of `data`; sets `finished` at the end.
+
+        Output that reaches `limit` means the body goes on past it: feed no
+        more (what was left of `data` is not kept).
+        """
+        if not self._wbits:
+            return data[:limit]
+        out: list[bytes] = []
+        while data and limit > 0 and not self.finished:
+            if self._inflater.eof:
+                data = self._after_member(self._between + data)
+                if not data:
+                    break
+            piece = self._inflate(data, limit)
+            out.append(piece)
+            limit -= len(piece)
+            # After the end of a stream zlib keeps (a copy of) the rest of the
+            # input in unused_data: handle it now, never feed it more data.
+            data = self._inflater.unused_data if self._inflater.eof else b""
+        return b"".join(out)
+
+    def _inflate(self, data: bytes, limit: int) -> bytes:
+        """Inflate `data`; a deflate body without a header is read as raw deflate."""
+        try:
+            piece = self._inflater.decompress(data, limit)
+        except zlib.error as exc:
+            if not self._may_be_raw_deflate():
+                raise _UnreadableBodyError(
+                    "the compressed response is corrupt"
+                ) from exc
+            data, self._head = self._head + data, b""
+            self._wbits = -zlib.MAX_WBITS  # some servers send raw deflate
+            self._inflater = zlib.decompressobj(self._wbits)
+            return self._inflate(data, limit)
+        if self._may_be_raw_deflate():
+            self._head += data[: _DEFLATE_HEADER_BYTES - len(self._head)]
+        return piece
+
+    def _may_be_raw_deflate(self) -> bool:
+        """Whether a deflate body's header is still being read."""
+        return (
+            self._wbits == _DECODED_ENCODINGS["deflate"]
+            and len(self._head) < _DEFLATE_HEADER_BYTES
+        )
+
+    def _after_member(self, data: bytes) -> bytes:
+        """The next gzip member's bytes, or b"" (waiting, or finished)."""
+        self._between = b""
+        if self._wbits != _DECODED_ENCODINGS["gzip"] or not data.startswith(
+            b"\x1f\x8b"[: len(data)]
+        ):
+            self.finished = self.trailing = True  # not a gzip member: the end
+            return b""
+        if len(data) < 2:
+            self._between = data  # one byte: the next chunk tells
+            return b""
+        if self._members >= _MAX_GZIP_MEMBERS:
+            self.finished = self.cut = True
+            return b""
+        self._inflater = self._next_member()
+        return data
+
+
+@dataclass(frozen=True)
+class _Download:
+    """A body read within a cap, and how it ended."""
+
+    body: bytes  # decoded, at most the cap
+    over_cap: bool  # more followed, on the wire or decoded, than the cap
+    more_members: bool  # more gzip members followed than are read
+    trailing: bool  # bytes that are no gzip member followed the compressed body
+    complete: bool  # the compressed body ended (an uncompressed one always has)
+
+
+async def _download(response: httpx.Response, cap: int) -> _Download:
+    """Stream a body, decoded, up to `cap` bytes on the wire and decoded.
+
+    `cap` bounds what crosses the wire as well as what it decodes to: a body
+    whose compressed bytes go past it is cut there, whatever they inflate to.
+    """
+    decoder = _BoundedDecoder(response.headers.get("content-encoding", ""))
+    chunks: list[bytes] = []
+    size = wire = 0
+    over_cap = False
+    async for raw in response.aiter_raw():
+        wire += len(raw)
+        piece = decoder.feed(raw, cap - size + 1)
+        size += len(piece)
+        if size > cap:  # one byte over: the body goes on past the cap
+            chunks.append(piece[: len(piece) - (size - cap)])
+            over_cap = True
+            break
+        chunks.append(piece)
+        if decoder.finished:
+            break
+        if wire > cap:
+            over_cap = True
+            break
+    body = await _joined(chunks)
+    return _Download(body, over_cap, decoder.cut, decoder.trailing, decoder.complete)
+
+
+async def _read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
+    """The body decoded up to `cap` bytes, and whether anything was left unread.
+
+    Bytes after the end of a compressed body are not part of it (a browser
+    ignores them too); more gzip members than are read count as left unread.
+    """
+    download = await _download(response, cap)
+    return download.body, download.over_cap or download.more_members
+
+
+_THREAD_JOIN_BYTES = 1_000_000
+
+
+def _join_bytes(chunks: list[bytes]) -> bytes:
+    """The chunks joined."""
+    return b"".join(chunks)
+
+
+async def _joined(
+    chunks: list[bytes], join: Callable[[list[bytes]], bytes] = _join_bytes
+) -> bytes:
+    """The chunks as one bytes object; a big join runs in a worker thread.
+
+    Copying megabytes into fresh memory takes tens of milliseconds (page faults
+    included); bytes.join releases the GIL while it copies, so the loop runs on.
+
+    Args:
+        chunks: The pieces, in order.
+        join: Joins them (`_join_bytes`; tests watch which thread runs it).
+
+    Returns:
+        The pieces as one bytes object.
+    """
+    if sum(map(len, chunks)) < _THREAD_JOIN_BYTES:
+        return join(chunks)
+    return await asyncio.to_thread(join, chunks)
+
+
+# --- end shared: safe_http ---
+
+
 # --- shared: backend_http (made from tools/shared/backend_http.py) ---
 T = TypeVar("T")
-
-
-# One TLS context for the whole process. Building one loads the CA bundle:
-# ~30 ms on an idle machine, 100-300 ms under load, all of it blocking, so it
-# is built once, in a worker thread, and every call's client shares it.
-_SSL_CONTEXTS: list[ssl.SSLContext] = []
-
-
-_SSL_LOCK = threading.Lock()
-
-
-def _build_ssl_context() -> ssl.SSLContext:
-    """Create the shared context once (the lock makes concurrent first calls wait)."""
-    with _SSL_LOCK:
-        if not _SSL_CONTEXTS:
-            _SSL_CONTEXTS.append(httpx.create_ssl_context())
-        return _SSL_CONTEXTS[0]
-
-
-async def _ssl_context() -> ssl.SSLContext:
-    """The shared TLS context; only the first call waits for it."""
-    if _SSL_CONTEXTS:
-        return _SSL_CONTEXTS[0]
-    return await asyncio.to_thread(_build_ssl_context)
 
 
 # Backend answers are untrusted: at most this many bytes are read, counted on
@@ -191,11 +494,6 @@ MAX_RESPONSE_BYTES = 5_000_000
 # The thread parses in steps (see _parse_json) between which the loop runs; an
 # answer this small is one step, parsed on the loop.
 INLINE_PARSE_BYTES = 65_536
-
-
-# Only the encodings `_Inflater` decodes with a bound (httpx would also offer
-# br/zstd when those packages are installed, decoded without a bound).
-ACCEPT_ENCODING = "gzip, deflate"
 
 
 class _TooLargeError(ValueError):
@@ -223,70 +521,49 @@ def _split_credentials(parts: SplitResult) -> tuple[str, httpx.BasicAuth | None]
     return host, httpx.BasicAuth(unquote(user), unquote(password))
 
 
-class _Inflater:
-    """Bounded gzip/deflate decoding of a body (identity passes through).
-
-    Unlike httpx's decoders, it never inflates more than the room left under
-    the size cap (a 64 kB chunk can inflate to 64 MB) and refuses data after
-    the end of the compressed stream instead of silently reading on.
-    """
-
-    def __init__(self, content_encoding: str) -> None:
-        """Prepare for the answer's Content-Encoding (ValueError if unsupported)."""
-        encoding = content_encoding.strip().lower()
-        if encoding in {"", "identity"}:
-            self._wbits = 0
-        elif encoding in {"gzip", "x-gzip"}:
-            self._wbits = zlib.MAX_WBITS | 16
-        elif encoding == "deflate":
-            self._wbits = zlib.MAX_WBITS  # zlib-wrapped; raw deflate as fallback
-        else:
-            raise ValueError("unsupported content encoding")
-        self._engine = zlib.decompressobj(self._wbits) if self._wbits else None
-        self._fed = False
-
-    def feed(self, data: bytes, room: int) -> bytes:
-        """Decoded bytes of one wire chunk; _TooLargeError past `room`."""
-        if self._engine is None or not data:
-            return data
-        if self._engine.eof:
-            raise ValueError("data after the end of the compressed body")
-        try:
-            out = self._engine.decompress(data, room + 1)
-        except zlib.error:
-            if self._fed or self._wbits != zlib.MAX_WBITS:
-                raise ValueError("corrupt compressed body") from None
-            self._wbits = -zlib.MAX_WBITS  # some servers send raw deflate
-            self._engine = zlib.decompressobj(self._wbits)
-            return self.feed(data, room)
-        self._fed = True
-        if len(out) > room:
-            raise _TooLargeError
-        if self._engine.unused_data:
-            raise ValueError("data after the end of the compressed body")
-        return out
-
-    def finish(self) -> None:
-        """Refuse a compressed body that ended before its stream did."""
-        if self._engine is not None and self._fed and not self._engine.eof:
-            raise ValueError("compressed body ended early")
-
-
 async def _read_body(response: httpx.Response) -> bytes:
-    """The decoded body; _TooLargeError past the cap on the wire or decoded."""
+    """The decoded body; _TooLargeError past the cap, ValueError if unreadable.
+
+    A backend answer is data, read whole or not at all: bytes after the end
+    of its compressed stream, or a stream that ends early, make it unreadable.
+    """
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_RESPONSE_BYTES:
         raise _TooLargeError
-    inflater = _Inflater(response.headers.get("content-encoding", ""))
-    body = bytearray()
-    received = 0
-    async for chunk in response.aiter_raw():
-        received += len(chunk)
-        if received > MAX_RESPONSE_BYTES:
-            raise _TooLargeError
-        body += inflater.feed(chunk, MAX_RESPONSE_BYTES - len(body))
-    inflater.finish()
-    return bytes(body)
+    download = await _download(response, MAX_RESPONSE_BYTES)
+    if download.over_cap:
+        raise _TooLargeError
+    if download.trailing or download.more_members:
+        raise ValueError("data after the end of the compressed body")
+    if not download.complete:
+        raise ValueError("compressed body ended early")
+    return download.body
+
+
+def _backend_failure(
+    exc: BaseException, service: str, unreadable: tuple[type[Exception], ...] = ()
+) -> str:
+    """A short reason a backend call failed, without URLs or secrets.
+
+    Args:
+        exc: What the call raised.
+        service: The backend as the model reads it ("the search engine").
+        unreadable: Errors of a parser besides ValueError: the answer could
+            not be read.
+
+    Returns:
+        The reason, e.g. "the search engine answered HTTP 503".
+    """
+    if isinstance(exc, _TooLargeError):
+        limit = MAX_RESPONSE_BYTES // 1_000_000
+        return f"{service} sent an answer larger than {limit} MB"
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"{service} answered HTTP {exc.response.status_code}"
+    if isinstance(exc, httpx.TransportError):
+        return f"{service} could not be reached"
+    if isinstance(exc, (ValueError, *unreadable)):
+        return f"{service} sent an answer that could not be read"
+    return f"unexpected error ({type(exc).__name__})"
 
 
 class _RedirectLoopError(httpx.TransportError):
@@ -564,6 +841,147 @@ async def _parse_off_loop(body: bytes, parse: Callable[[bytes], T]) -> T:
 # --- end shared: backend_http ---
 
 
+# --- shared: web_search (made from tools/shared/web_search.py) ---
+WebSearch = Callable[[str, int], Awaitable[list]]
+
+
+class _WebSearchOffError(Exception):
+    """Open WebUI's web search cannot run: turned off, or no engine is set up."""
+
+    def __init__(self, *, disabled: bool) -> None:
+        """`disabled`: the admin turned web search off (else: not configured)."""
+        super().__init__("web search is disabled" if disabled else "no engine")
+        self.disabled = disabled
+
+
+def _import_openwebui() -> SimpleNamespace | None:
+    """Open WebUI's search pieces, or None outside Open WebUI (the test seam)."""
+    try:
+        from open_webui.routers import retrieval  # noqa: PLC0415
+    except ImportError:
+        return None
+    try:
+        from open_webui.models.config import Config  # noqa: PLC0415  (0.11+)
+    except ImportError:
+        Config = None  # noqa: N806
+    try:
+        from open_webui.models.users import UserModel  # noqa: PLC0415
+    except ImportError:
+        UserModel = None  # noqa: N806
+    return SimpleNamespace(
+        search_web=retrieval.search_web,
+        config_store=Config,
+        user_model=UserModel,
+        config_keys=getattr(retrieval, "RETRIEVAL_CONFIG_KEYS", None),
+    )
+
+
+def _app_setting(app_config: Any, *names: str) -> Any:
+    """A 0.6/0.8 `app.state.config` value (its AppConfig may raise KeyError)."""
+    for name in names:
+        try:
+            return getattr(app_config, name)
+        except (AttributeError, KeyError):
+            continue
+    return None
+
+
+async def _openwebui_web_search(
+    ow: SimpleNamespace, request: Any, user: dict | None, engine: str
+) -> WebSearch:
+    """A search function over Open WebUI's engine, for this version's API.
+
+    Args:
+        ow: Open WebUI's pieces (`_import_openwebui`).
+        request: The request Open WebUI passed to the tool.
+        user: The `__user__` dict (made Open WebUI's UserModel when it fits).
+        engine: The engine to use; "" for the one the admin configured.
+
+    Returns:
+        `search(query, count)`: the engine's results (dicts or Open WebUI's
+        SearchResult objects).
+
+    Raises:
+        _WebSearchOffError: Web search is turned off or has no engine.
+    """
+    state = getattr(getattr(request, "app", None), "state", None)
+    app_config = getattr(state, "config", None)
+    config: dict | None = None
+    if app_config is not None:  # 0.6 / 0.8
+        enabled = bool(
+            _app_setting(app_config, "ENABLE_WEB_SEARCH", "ENABLE_RAG_WEB_SEARCH")
+        )
+        configured = _app_setting(
+            app_config, "WEB_SEARCH_ENGINE", "RAG_WEB_SEARCH_ENGINE"
+        )
+    elif ow.config_store is not None:  # 0.11+
+        # 0.12 takes the whole retrieval config as `config=`; 0.11 reads it itself.
+        takes_config = bool(ow.config_keys) and (
+            "config" in inspect.signature(ow.search_web).parameters
+        )
+        keys = {"web.search.enable", "web.search.engine"}
+        if takes_config:
+            keys |= set(ow.config_keys.values())
+        values = ow.config_store.get_many(*sorted(keys))
+        values = dict(await values if inspect.isawaitable(values) else values)
+        enabled = bool(values.get("web.search.enable"))
+        configured = values.get("web.search.engine")
+        config = values if takes_config else None
+    else:
+        raise _WebSearchOffError(disabled=False)
+    if not enabled:
+        raise _WebSearchOffError(disabled=True)
+    engine = engine or configured or ""
+    if not engine:
+        raise _WebSearchOffError(disabled=False)
+    owui_user = _owui_user(ow, user)
+
+    async def search(query: str, count: int) -> list:
+        if config is not None:  # 0.12+: keyword-only config, the count in it
+            options = {**config, "web.search.result_count": count}
+            result = ow.search_web(request, engine, query, owui_user, config=options)
+        elif inspect.iscoroutinefunction(ow.search_web):  # 0.11
+            result = ow.search_web(request, engine, query, owui_user)
+        else:  # 0.6 / 0.8: blocking, keep it off the event loop
+            result = await asyncio.to_thread(
+                ow.search_web, request, engine, query, owui_user
+            )
+        return list((await result if inspect.isawaitable(result) else result) or [])
+
+    return search
+
+
+def _owui_user(ow: SimpleNamespace, user: dict | None) -> Any:
+    """Open WebUI's UserModel from the `__user__` dict (None if it does not fit)."""
+    if not user or ow.user_model is None:
+        return None
+    try:
+        return ow.user_model(**user)
+    except Exception:  # engines that need no user still work
+        return None
+
+
+def _searxng_endpoint(url: str) -> _Endpoint | None:
+    """A SearXNG search URL without query and credentials (None if invalid).
+
+    A query written into it (the legacy '?q=<query>') is dropped: the tools
+    send their own.
+    """
+    try:
+        parts = urlsplit(url.strip())
+        valid = parts.scheme in {"http", "https"} and bool(parts.hostname)
+        _port = parts.port  # raises on a malformed port
+    except ValueError:
+        return None
+    if not valid:
+        return None
+    host, auth = _split_credentials(parts)
+    return _Endpoint(urlunsplit((parts.scheme, host, parts.path or "/", "", "")), auth)
+
+
+# --- end shared: web_search ---
+
+
 INVALID_REQUEST = (
     "[Search] Invalid request format: "
     "Input must be a JSON object containing 'query' field"
@@ -672,41 +1090,9 @@ def _format_block(query: str, hits: list[_Hit]) -> str:
     return header + "## Web Results\n" + entries
 
 
-def _normalise_queries(query: Any) -> list[str] | None:
-    """Distinct, stripped queries in input order; None when the input is invalid."""
-    if isinstance(query, str):
-        query = [query]
-    if not isinstance(query, list) or not all(isinstance(q, str) for q in query):
-        return None
-    queries = list(dict.fromkeys(q.strip() for q in query if q.strip()))
-    return queries or None
-
-
-def _skipped_note(skipped: list[str], limit: int) -> str:
-    """Model-facing note naming the queries that were over the per-call limit."""
-    names = ", ".join(f"'{q}'" for q in skipped)
-    return (
-        f"\n\nNote: only the first {limit} queries of this call were searched "
-        f"(limit per call). Not searched: {names}. "
-        "Call the tool again with these queries if you still need them."
-    )
-
-
 def _clean(value: Any) -> str:
     """A result field as text ('' for None and non-text)."""
     return value.strip() if isinstance(value, str) else ""
-
-
-def _field(item: Any, name: str) -> Any:
-    """Read a field from a dict or an object (Open WebUI's SearchResult)."""
-    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
-
-
-def _cut(text: str, limit: int) -> str:
-    """Text of at most about `limit` characters, cut at a word."""
-    if len(text) <= limit:
-        return text
-    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " …"
 
 
 def _make_hit(title: Any, link: Any, snippet: Any, date: Any = "") -> _Hit | None:
@@ -721,17 +1107,7 @@ def _make_hit(title: Any, link: Any, snippet: Any, date: Any = "") -> _Hit | Non
 
 def _hits(results: list, count: int, fields: Callable[[Any], tuple]) -> list[_Hit]:
     """The first `count` valid hits; a result whose fields cannot be read is skipped."""
-    hits: list[_Hit] = []
-    for item in results:
-        if len(hits) >= count:
-            break
-        try:
-            hit = _make_hit(*fields(item))
-        except Exception:  # noqa: S112  (an odd result object)
-            continue
-        if hit:
-            hits.append(hit)
-    return hits
+    return _first_made(results, count, lambda item: _make_hit(*fields(item)))
 
 
 def _format_date(value: Any) -> str:
@@ -746,31 +1122,14 @@ def _format_date(value: Any) -> str:
     return f"{moment:%b} {moment.day}, {moment.year}"
 
 
-def _searxng_endpoint(url: str) -> _Endpoint | None:
-    """The SearXNG search URL without a query (legacy '?q=<query>' dropped)."""
-    try:
-        parts = urlsplit(url.strip())
-        valid = parts.scheme in {"http", "https"} and bool(parts.hostname)
-        _port = parts.port  # raises on a malformed port
-    except ValueError:
-        return None
-    if not valid:
-        return None
-    host, auth = _split_credentials(parts)
-    return _Endpoint(urlunsplit((parts.scheme, host, parts.path or "/", "", "")), auth)
-
-
 def _searxng_hits(body: bytes, count: int) -> list[_Hit]:
     """Hits from a SearXNG JSON answer, by score as Open WebUI orders them."""
     payload = _parse_json(body)
     results = payload.get("results") if isinstance(payload, dict) else None
     if not isinstance(results, list):
         raise ValueError("no result list")
-    ranked = sorted(
-        (r for r in results if isinstance(r, dict)), key=_score, reverse=True
-    )
     hits = _hits(
-        ranked,
+        _ranked(results),
         count,
         lambda r: (
             r.get("title"),
@@ -802,58 +1161,6 @@ async def _searxng_search(
     """Query SearXNG's JSON API."""
     body = await _get(client, endpoint, {"q": query, "format": "json"})
     return await _parse_off_loop(body, lambda data: _searxng_hits(data, count))
-
-
-async def _openwebui_settings(ow: SimpleNamespace, request: Any) -> dict:
-    """Read web search settings wherever this Open WebUI version keeps them."""
-    state = getattr(getattr(request, "app", None), "state", None)
-    app_config = getattr(state, "config", None)
-    if app_config is not None:  # 0.6 / 0.8
-        return {
-            "enabled": bool(
-                _app_setting(app_config, "ENABLE_WEB_SEARCH", "ENABLE_RAG_WEB_SEARCH")
-            ),
-            "engine": _app_setting(
-                app_config, "WEB_SEARCH_ENGINE", "RAG_WEB_SEARCH_ENGINE"
-            )
-            or "",
-            "config": None,
-        }
-    if ow.config_store is None:
-        raise _UnconfiguredError
-    # 0.12 takes the whole retrieval config as `config=`; 0.11 reads it itself.
-    takes_config = bool(ow.config_keys) and (
-        "config" in inspect.signature(ow.search_web).parameters
-    )
-    keys = {"web.search.enable", "web.search.engine"}
-    if takes_config:
-        keys |= set(ow.config_keys.values())
-    values = ow.config_store.get_many(*sorted(keys))  # 0.11+
-    values = dict(await values if inspect.isawaitable(values) else values)
-    return {
-        "enabled": bool(values.get("web.search.enable")),
-        "engine": values.get("web.search.engine") or "",
-        "config": values if takes_config else None,
-    }
-
-
-async def _openwebui_search(
-    ow: SimpleNamespace,
-    request: Any,
-    engine: str,
-    query: str,
-    user: Any,
-    *,
-    config: dict | None,
-) -> list:
-    """Call search_web the way this Open WebUI version defines it."""
-    if config is not None:  # 0.12+: keyword-only config
-        result = ow.search_web(request, engine, query, user, config=config)
-    elif inspect.iscoroutinefunction(ow.search_web):  # 0.11
-        result = ow.search_web(request, engine, query, user)
-    else:  # 0.6 / 0.8: blocking, keep it off the event loop
-        result = await asyncio.to_thread(ow.search_web, request, engine, query, user)
-    return list((await result if inspect.isawaitable(result) else result) or [])
 
 
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+", re.IGNORECASE)
@@ -918,25 +1225,7 @@ def _log_failure(exc: BaseException) -> None:
 
 def _describe_failure(exc: BaseException) -> str:
     """A short reason without URLs or secrets."""
-    if isinstance(exc, _TooLargeError):
-        limit = MAX_RESPONSE_BYTES // 1_000_000
-        return f"the search engine sent an answer larger than {limit} MB"
-    if isinstance(exc, httpx.HTTPStatusError):
-        return f"the search engine answered HTTP {exc.response.status_code}"
-    if isinstance(exc, httpx.TransportError):
-        return "the search engine could not be reached"
-    if isinstance(exc, ValueError):
-        return "the search engine sent an answer that could not be read"
-    return f"unexpected error ({type(exc).__name__})"
-
-
-def _positive(value: Any, default: int) -> int:
-    """A valve limit as an int >= 1 (bad values fall back to the default)."""
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        return default
-    return number if number >= 1 else 1
+    return _backend_failure(exc, "the search engine")
 
 
 class Tools:
@@ -1064,21 +1353,16 @@ async def _backend(tool: "Tools", request: Any, user: dict | None) -> Backend:
         if endpoint is None:
             raise _UnconfiguredError(BAD_SEARXNG_URL_TEXT)
         return lambda client, q, n: _searxng_search(client, endpoint, q, n)
-    settings = await _openwebui_settings(ow, request)
-    if not settings["enabled"]:
-        raise _UnconfiguredError(DISABLED_TEXT)
-    engine = (tool.valves.SEARCH_ENGINE or "").strip() or settings["engine"]
-    if not engine:
-        raise _UnconfiguredError(UNCONFIGURED_TEXT)
-    owui_user = _owui_user(ow, user)
+    engine = (tool.valves.SEARCH_ENGINE or "").strip()
+    try:
+        web_search = await _openwebui_web_search(ow, request, user, engine)
+    except _WebSearchOffError as exc:
+        raise _UnconfiguredError(
+            DISABLED_TEXT if exc.disabled else UNCONFIGURED_TEXT
+        ) from exc
 
     async def run(_client: httpx.AsyncClient, q: str, count: int) -> list[_Hit]:
-        config = settings["config"]
-        if config is not None:
-            config = {**config, "web.search.result_count": count}
-        results = await _openwebui_search(
-            ow, request, engine, q, owui_user, config=config
-        )
+        results = await web_search(q, count)
         return _hits(
             results,
             count,
@@ -1111,16 +1395,6 @@ async def _run_all(
         timeout=timeout, follow_redirects=True, verify=verify
     ) as client:
         return list(await asyncio.gather(*(one(client, q) for q in queries)))
-
-
-def _owui_user(ow: SimpleNamespace, user: dict | None) -> Any:
-    """Open WebUI's UserModel from the `__user__` dict (None if it does not fit)."""
-    if not user or ow.user_model is None:
-        return None
-    try:
-        return ow.user_model(**user)
-    except Exception:  # engines that need no user still work
-        return None
 
 
 async def _run_query(

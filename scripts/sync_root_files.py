@@ -1,22 +1,37 @@
-"""Regenerate the root tool files from the package's tool modules.
+"""Generate the pasteable tool files from the modules they are written in.
 
 `search_tool.py`, `scholar_tool.py` and `visit_tool.py` at the repository root
-are what users paste into Open WebUI (Workspace > Tools). They are byte-identical
-copies of `src/tongyi_deepresearch_openwebui_pipeline/tools/<same name>.py`,
-which are self-contained Open WebUI Tools files. Edit the package modules, then
-run this script.
+are what users paste into Open WebUI (Workspace > Tools): one self-contained
+file each. They are byte-identical copies of
+`src/tongyi_deepresearch_openwebui_pipeline/tools/<same name>.py`, which hold
+the tool's frontmatter, imports and `Tools` class, and regions generated from
+the modules the tool is written in:
 
-Code the tools share is written once, in `tools/shared/<name>.py` (the part
-after its `# --- snippet ---` line), and generated into every tool module that
-holds a region for it (edit the shared file, not the region)::
+- `tools/shared/<name>.py`: code two or three tools share;
+- `tools/<tool>/<name>.py`: one tool's parts (the visit tool's in
+  `tools/visit/`).
 
-    # --- shared: <name> (made from tools/shared/<name>.py) ---
-    ...
+Each such module is a real module (its imports above its `# --- snippet ---`
+line are for linters and type checkers); a region holds either its code (the
+part after the snippet mark) or its whole source as a string constant (the
+visit tool sends the source of `tools/visit/convert.py` to its converter
+process as that process's program)::
+
+    # --- shared: <name> (made from tools/<folder>/<name>.py) ---
+    ...the module's code after its snippet mark...
     # --- end shared: <name> ---
 
+    # --- source: <name> (made from tools/<folder>/<name>.py) ---
+    _<NAME>_SOURCE = r'''
+    ...the module's whole source...'''.removeprefix(<the line break>)
+    # --- end source: <name> ---
+
+Edit the modules, not the regions, then run this script; `--check` also fails
+when a module is made into no tool file (it would be dead code).
+
 Usage:
-    python scripts/sync_root_files.py          # write the root copies
-    python scripts/sync_root_files.py --check  # exit 1 if any copy differs
+    python scripts/sync_root_files.py          # write the tool files and copies
+    python scripts/sync_root_files.py --check  # exit 1 if anything differs
 """
 
 from __future__ import annotations
@@ -30,55 +45,129 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOLS_PACKAGE_DIR = Path("src/tongyi_deepresearch_openwebui_pipeline/tools")
 TOOL_FILE_NAMES = ("search_tool.py", "scholar_tool.py", "visit_tool.py")
-SHARED_DIR = TOOLS_PACKAGE_DIR / "shared"
 SNIPPET_MARK = "# --- snippet ---\n"
 _MAX_DIFF_LINES = 40
 _REGION = re.compile(
-    r"^# --- shared: (?P<name>\w+) \(made from tools/shared/(?P=name)\.py\) ---\n"
-    r"(?P<body>.*?)^# --- end shared: (?P=name) ---$",
+    r"^# --- (?P<kind>shared|source): (?P<name>\w+) "
+    r"\(made from (?P<path>tools/\w+/(?P=name)\.py)\) ---\n"
+    r"(?P<body>.*?)^# --- end (?P=kind): (?P=name) ---$",
     re.MULTILINE | re.DOTALL,
 )
+# A raw triple-quoted string holds any source but one with these in it.
+_RAW_STRING_END = "'''"
+_REGION_LINE = re.compile(r"^# --- (end )?(shared|source): ", re.MULTILINE)
 
 
-def snippet(root: Path, name: str) -> str:
-    """The shared code called ``name``: its file after the snippet mark.
+def module_path(root: Path, path: str) -> Path:
+    """The file a region names, e.g. ``tools/visit/convert.py``.
 
     Args:
         root: The repository root.
-        name: The snippet's name (its file name without ``.py``).
+        path: The path the region names, from the tools package's parent.
+
+    Returns:
+        The module's file.
+    """
+    return root / TOOLS_PACKAGE_DIR.parent / path
+
+
+def snippet(root: Path, path: str) -> str:
+    """The code of a module: its file after the snippet mark.
+
+    Args:
+        root: The repository root.
+        path: The module, as a region names it (``tools/shared/<name>.py``).
 
     Returns:
         The code to place in a region, ending with two blank lines.
 
     Raises:
-        FileNotFoundError: There is no such shared file.
-        ValueError: The file has no snippet mark.
+        FileNotFoundError: There is no such module.
+        ValueError: The module has no snippet mark.
     """
-    text = (root / SHARED_DIR / f"{name}.py").read_text(encoding="utf-8")
+    text = module_path(root, path).read_text(encoding="utf-8")
     _, mark, body = text.partition(SNIPPET_MARK)
     if not mark:
-        raise ValueError(f"{SHARED_DIR}/{name}.py has no '{SNIPPET_MARK.strip()}'")
+        raise ValueError(f"{path} has no '{SNIPPET_MARK.strip()}'")
     # Two blank lines before the end mark, as ruff formats top-level code.
     return body.strip("\n") + "\n\n\n"
 
 
+def source_constant(root: Path, name: str, path: str) -> str:
+    """A module's whole source as the constant ``_<NAME>_SOURCE``.
+
+    Args:
+        root: The repository root.
+        name: The module's name (its file name without ``.py``).
+        path: The module, as a region names it.
+
+    Returns:
+        The assignment to place in a region, ending with two blank lines.
+
+    Raises:
+        FileNotFoundError: There is no such module.
+        ValueError: The source cannot be written as a raw string.
+    """
+    text = module_path(root, path).read_text(encoding="utf-8")
+    if _RAW_STRING_END in text or text.endswith("\\"):
+        raise ValueError(f"{path} holds ''' or ends with '\\': no raw string can")
+    if _REGION_LINE.search(text):
+        raise ValueError(f"{path} holds a region line: it would end its own region")
+    # The string opens with a line break (taken off again): the module's first
+    # line then keeps its length, which the line-length check holds it to.
+    opened = f"_{name.upper()}_SOURCE = r'''\n{text}'''.removeprefix(\"\\n\")"
+    return opened + "\n\n\n"
+
+
 def with_shared_code(root: Path, text: str) -> str:
-    """``text`` with every shared region regenerated from its snippet.
+    """``text`` with every region regenerated from its module.
 
     Args:
         root: The repository root.
         text: A tool module's source.
 
     Returns:
-        The source with each region's body replaced by its snippet.
+        The source with each region's body made again from its module.
     """
 
     def fill(match: re.Match[str]) -> str:
-        body = snippet(root, match["name"])
-        start = match.group(0)[: match.start("body") - match.start()]
-        return f"{start}{body}# --- end shared: {match['name']} ---"
+        if match["kind"] == "source":
+            return _region_with(
+                match, source_constant(root, match["name"], match["path"])
+            )
+        return _region_with(match, snippet(root, match["path"]))
 
     return _REGION.sub(fill, text)
+
+
+def region_modules(text: str) -> list[str]:
+    """The modules a tool file's regions are made from (``tools/…/<name>.py``).
+
+    Args:
+        text: A tool module's source.
+
+    Returns:
+        Each module a region names, in the order of the regions.
+    """
+    return [match["path"] for match in _REGION.finditer(text)]
+
+
+def without_regions(text: str) -> str:
+    """A tool file's own part: ``text`` with every region's body left out.
+
+    Args:
+        text: A tool module's source.
+
+    Returns:
+        The source with each region reduced to its two marker lines.
+    """
+    return _REGION.sub(lambda match: _region_with(match, ""), text)
+
+
+def _region_with(match: re.Match[str], body: str) -> str:
+    """The region ``match`` found, holding ``body`` between its marker lines."""
+    start = match.group(0)[: match.start("body") - match.start()]
+    return f"{start}{body}# --- end {match['kind']}: {match['name']} ---"
 
 
 def tool_file_pairs(root: Path) -> list[tuple[Path, Path]]:
@@ -91,6 +180,19 @@ def tool_file_pairs(root: Path) -> list[tuple[Path, Path]]:
         One pair per tool file, package module first.
     """
     return [(root / TOOLS_PACKAGE_DIR / name, root / name) for name in TOOL_FILE_NAMES]
+
+
+def authored_modules(root: Path) -> list[Path]:
+    """The modules tool files are made from: every module in a tools subfolder.
+
+    Args:
+        root: The repository root.
+
+    Returns:
+        Each ``tools/<folder>/<name>.py`` but the folders' ``__init__.py``.
+    """
+    tools = root / TOOLS_PACKAGE_DIR
+    return sorted(path for path in tools.glob("*/*.py") if path.name != "__init__.py")
 
 
 def _diff_hint(source: Path, copy: Path) -> str:
@@ -107,25 +209,44 @@ def _diff_hint(source: Path, copy: Path) -> str:
     return shown
 
 
+def _stale_regions(root: Path, text: str) -> list[str]:
+    """The modules whose regions in ``text`` differ from what they make."""
+    stale = []
+    for match in _REGION.finditer(text):
+        try:
+            current = with_shared_code(root, match.group(0)) == match.group(0)
+        except (OSError, ValueError) as error:  # no such module, no snippet mark
+            stale.append(f"{match['path']} ({error})")
+            continue
+        if not current:
+            stale.append(match["path"])
+    return stale
+
+
 def check(root: Path) -> list[str]:
-    """Compare every root copy with its package module.
+    """Compare every tool file with its modules and its root copy.
 
     Args:
         root: The repository root.
 
     Returns:
-        One message per problem (missing module, missing or different copy).
+        One message per problem (missing module, a region that differs from
+        its module, a module made into no tool file, a missing or different
+        copy).
     """
     problems = []
+    used: set[Path] = set()
     for source, copy in tool_file_pairs(root):
         if not source.is_file():
             problems.append(f"missing package module: {source.relative_to(root)}\n")
             continue
         text = source.read_text(encoding="utf-8")
-        if with_shared_code(root, text) != text:
+        used |= {module_path(root, path) for path in region_modules(text)}
+        stale = _stale_regions(root, text)
+        if stale:
             problems.append(
                 f"out of date: shared code in {source.relative_to(root)} differs "
-                f"from {SHARED_DIR}\n"
+                f"from {', '.join(stale)}\n"
             )
         if not copy.is_file():
             problems.append(f"missing root copy: {copy.relative_to(root)}\n")
@@ -134,11 +255,17 @@ def check(root: Path) -> list[str]:
                 f"out of sync: {copy.relative_to(root)} differs from "
                 f"{source.relative_to(root)}\n{_diff_hint(source, copy)}"
             )
+    for module in authored_modules(root):
+        if module not in used:
+            problems.append(
+                f"unused module: {module.relative_to(root)} is made into no tool "
+                "file (add a region for it or delete it)\n"
+            )
     return problems
 
 
 def sync(root: Path) -> list[Path]:
-    """Copy each package module over its root copy when they differ.
+    """Regenerate each tool file's regions, then copy it over its root copy.
 
     Args:
         root: The repository root.

@@ -11,10 +11,7 @@ them, byte for byte.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import (
     CallError,
@@ -36,18 +33,6 @@ LAB = json.loads(
 )
 SEARCH = LAB["search"]
 SCHOLAR = LAB["scholar"]
-
-
-@pytest.fixture
-def searxng() -> Iterator[FakeSearXNG]:
-    with FakeSearXNG() as server:
-        yield server
-
-
-@pytest.fixture
-def apis() -> Iterator[FakeScholarly]:
-    with FakeScholarly() as fake:
-        yield fake
 
 
 def search_tool(server: FakeSearXNG) -> SearchTools:

@@ -34,6 +34,10 @@ from tests.packaging_support import (
     run_probe,
 )
 
+# Loads every shipped file in fresh interpreters: out of the quick loop
+# (`-m "not slow and …"`, see pyproject.toml); the full run has it.
+pytestmark = pytest.mark.slow
+
 # The release build's own rules for pasted files; they are tested on bad input
 # in tests/test_release_scripts.py, and here on every file that ships.
 BUILD_RELEASE = load_script("build_release")
@@ -280,6 +284,163 @@ def test_every_tool_defines_tool_result_from_the_shared_file():
     for name in TOOL_FILES:
         text = (TOOLS_DIR / name).read_text()
         assert "# --- shared: tool_result (made from" in text, name
+
+
+def test_a_tools_own_module_is_generated_into_its_region(tmp_path):
+    root = _fake_tree(tmp_path)
+    tools = root / "src" / PACKAGE / "tools"
+    (tools / "visit").mkdir()
+    part = tools / "visit" / "part.py"
+    part.write_text('"""Doc."""\n\nimport os\n\n# --- snippet ---\n\nPART = 1\n')
+    visit = tools / "visit_tool.py"
+    visit.write_text(
+        visit.read_text()
+        + "\n\n# --- shared: part (made from tools/visit/part.py) ---\n"
+        + "# --- end shared: part ---\n"
+    )
+    assert _sync(root).returncode == 0
+    assert visit.read_text().endswith(
+        "# --- shared: part (made from tools/visit/part.py) ---\n"
+        "PART = 1\n\n\n# --- end shared: part ---\n"
+    )
+    assert _sync(root, "--check").returncode == 0
+
+
+def test_a_source_region_holds_the_whole_module_as_a_string(tmp_path):
+    root = _fake_tree(tmp_path)
+    tools = root / "src" / PACKAGE / "tools"
+    (tools / "visit").mkdir()
+    program = tools / "visit" / "program.py"
+    source = '"""A program."""\n\nimport sys\n\n# --- snippet ---\n\nprint(r"\\d")\n'
+    program.write_text(source)
+    region = (
+        "# --- shared: program (made from tools/visit/program.py) ---\n"
+        "# --- end shared: program ---\n"
+        "# --- source: program (made from tools/visit/program.py) ---\n"
+        "_PROGRAM_SOURCE = 'stale'\n"
+        "# --- end source: program ---\n"
+    )
+    visit = tools / "visit_tool.py"
+    visit.write_text(visit.read_text() + "\n\n" + region)
+    assert _sync(root).returncode == 0
+    assert _sync(root, "--check").returncode == 0
+    namespace: dict = {}
+    exec(visit.read_text(), namespace)  # noqa: S102  (the generated file)
+    assert namespace["_PROGRAM_SOURCE"] == source
+    program.write_text(source.replace("sys", "os"))
+    completed = _sync(root, "--check")
+    assert completed.returncode == 1
+    assert (
+        "out of date: shared code in "
+        f"src/{PACKAGE}/tools/visit_tool.py differs from tools/visit/program.py\n"
+    ) in completed.stdout
+
+
+def test_a_module_made_into_no_tool_file_fails_the_check(tmp_path):
+    root = _fake_tree(tmp_path)
+    assert _sync(root).returncode == 0
+    (root / "src" / PACKAGE / "tools" / "visit").mkdir()
+    (root / "src" / PACKAGE / "tools" / "visit" / "orphan.py").write_text("X = 1\n")
+    completed = _sync(root, "--check")
+    assert completed.returncode == 1
+    assert completed.stdout.startswith(
+        f"unused module: src/{PACKAGE}/tools/visit/orphan.py is made into no tool "
+        "file (add a region for it or delete it)\n"
+    )
+
+
+def test_no_authored_tool_module_is_longer_than_a_thousand_lines():
+    # The pasted files are long; what is written by hand is not: the modules
+    # the regions are made from, and each tool file without its regions.
+    sync = load_script("sync_root_files")
+    authored = {
+        path.relative_to(TOOLS_DIR): path.read_text(encoding="utf-8")
+        for path in sync.authored_modules(ROOT)
+    }
+    for name in TOOL_FILES:
+        text = (TOOLS_DIR / name).read_text(encoding="utf-8")
+        authored[Path(name)] = sync.without_regions(text)
+    lines = {str(path): len(text.splitlines()) for path, text in authored.items()}
+    assert "visit/convert.py" in lines
+    assert {path: n for path, n in lines.items() if n > 1_000} == {}
+
+
+def test_the_converter_program_is_the_convert_module():
+    source = (ROOT / "visit_tool.py").read_text(encoding="utf-8")
+    code = compile(source, "<tool>", "exec", dont_inherit=True)  # no __future__
+    namespace: dict = {"__name__": "visit_program_check"}
+    exec(code, namespace)  # noqa: S102  (how Open WebUI runs a tool)
+    convert = (TOOLS_DIR / "visit" / "convert.py").read_text(encoding="utf-8")
+    assert namespace["_CONVERTER"].program == convert
+
+
+# Loads the pasted visit file as Open WebUI does (from a temporary file it then
+# deletes), with the package and Open WebUI impossible to import, and converts
+# a page through the file's converter process.
+VISIT_CHILD_PROBE = r"""
+import asyncio, importlib.abc, json, os, sys, tempfile, types
+
+
+BLOCKED = {"tongyi_deepresearch_openwebui_pipeline", "open_webui"}
+
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError("blocked: " + name)
+        return None
+
+
+sys.meta_path.insert(0, Block())
+source = open(sys.argv[1], encoding="utf-8").read()
+module = types.ModuleType("tool_probe_visit")
+sys.modules[module.__name__] = module
+with tempfile.TemporaryDirectory() as empty_dir:
+    temp_file = os.path.join(empty_dir, "content")
+    with open(temp_file, "w", encoding="utf-8") as handle:
+        handle.write(source)
+    module.__dict__["__file__"] = temp_file
+    exec(compile(source, temp_file, "exec"), module.__dict__)
+html = b"<html><head><title>Small</title></head><body><p>Hello, child.</p></body>"
+raw = module._RawPage("https://s.example/small", html, "text/html")
+
+
+async def convert():
+    try:
+        page = await module._convert_in_child(raw, 1000)
+        pids = [worker.process.pid for worker in module._CONVERTER.idle]
+    finally:
+        await module._stop_idle_workers()
+    return page, pids
+
+
+page, pids = asyncio.run(convert())
+leaked = sorted(name for name in sys.modules if name.split(".")[0] in BLOCKED)
+print(json.dumps({
+    "title": page.title, "text": page.text, "reading": page.reading,
+    "in_another_process": len(pids) == 1 and pids[0] != os.getpid(),
+    "leaked": leaked,
+}))
+"""
+
+
+def test_the_pasted_visit_file_converts_a_page_in_its_own_process(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-I", "-c", VISIT_CHILD_PROBE, str(ROOT / "visit_tool.py")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert json.loads(completed.stdout) == {
+        "title": "Small",
+        "text": "Hello, child.",
+        "reading": "whole",
+        "in_another_process": True,
+        "leaked": [],
+    }
 
 
 # --- the pipe shim ------------------------------------------------------------

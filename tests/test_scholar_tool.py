@@ -1,22 +1,21 @@
 """Tests of the `google_scholar` Open WebUI tool against fake scholarly APIs.
 
 Every backend is reached over real HTTP on 127.0.0.1. Golden strings follow the
-reference format (tongyi-protocol.md §3 "google_scholar").
+reference format (tongyi-protocol.md §3 "google_scholar"). What it shares with
+search (queries, events, the TLS context) is tested once for both in
+test_tool_shared_snippets.py. Open WebUI's pieces are stand-ins installed
+where the tool imports them from.
 """
 
 from __future__ import annotations
 
-import asyncio
-import ssl
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tongyi_deepresearch_openwebui_pipeline.tools import scholar_tool
 from tongyi_deepresearch_openwebui_pipeline.tools.scholar_tool import Tools
 
+from .fakes.events import Events
 from .fakes.http import Response
 from .fakes.scholarly import (
     ArxivEntry,
@@ -35,30 +34,6 @@ NOTE = (
 )
 
 
-@pytest.fixture(scope="module")
-def apis_server() -> Iterator[FakeScholarly]:
-    with FakeScholarly() as fake:
-        yield fake
-
-
-@pytest.fixture
-def apis(apis_server: FakeScholarly) -> FakeScholarly:
-    apis_server.reset()
-    return apis_server
-
-
-@pytest.fixture(scope="module")
-def searxng_server() -> Iterator[FakeSearXNG]:
-    with FakeSearXNG() as server:
-        yield server
-
-
-@pytest.fixture
-def searxng(searxng_server: FakeSearXNG) -> FakeSearXNG:
-    searxng_server.reset()
-    return searxng_server
-
-
 def tool_for(apis: FakeScholarly, **valves: Any) -> Tools:
     """A tool whose API URLs point at the fakes."""
     tool = Tools()
@@ -69,16 +44,6 @@ def tool_for(apis: FakeScholarly, **valves: Any) -> Tools:
         **valves,
     )
     return tool
-
-
-class Events:
-    """Collects status events."""
-
-    def __init__(self) -> None:
-        self.items: list[dict] = []
-
-    async def __call__(self, event: dict) -> None:
-        self.items.append(event)
 
 
 # --- OpenAlex ------------------------------------------------------------------
@@ -368,8 +333,7 @@ async def test_fallback_through_open_webui(
         "academic research: q", results=[result("https://w.example", "W", "s")]
     )
     standin = OpenWebUIStandIn("0.12", searxng.search_url)
-    namespace = standin.namespace()
-    monkeypatch.setattr(scholar_tool, "_import_openwebui", lambda: namespace)
+    standin.install(monkeypatch)
     user = {"id": "u9", "email": "u@example.com", "name": "U", "role": "user"}
     tool = tool_for(apis, BACKEND="arxiv")
     text = await tool.google_scholar(["q"], __request__=standin.request, __user__=user)
@@ -450,7 +414,7 @@ async def test_web_backend_without_any_engine() -> None:
         "Web search is not available to the google_scholar tool: it is running "
         "outside Open WebUI and its SEARXNG_URL valve is empty."
     )
-    assert events.items[-1]["data"] == {"description": text, "done": True}
+    assert events[-1]["data"] == {"description": text, "done": True}
 
 
 @pytest.mark.parametrize("version", ["0.6", "0.11", "0.12"])
@@ -458,8 +422,7 @@ async def test_web_backend_with_web_search_disabled(
     monkeypatch: pytest.MonkeyPatch, version: str
 ) -> None:
     standin = OpenWebUIStandIn(version, "http://unused.invalid", enabled=False)
-    namespace = standin.namespace()
-    monkeypatch.setattr(scholar_tool, "_import_openwebui", lambda: namespace)
+    standin.install(monkeypatch)
     tool = Tools()
     tool.valves = Tools.Valves(BACKEND="web")
     text = await tool.google_scholar(["q"], __request__=standin.request)
@@ -476,8 +439,7 @@ async def test_web_backend_per_open_webui_version(
 ) -> None:
     searxng.script("academic research: q", results=[result("https://w.example", "W")])
     standin = OpenWebUIStandIn(version, searxng.search_url)
-    namespace = standin.namespace()
-    monkeypatch.setattr(scholar_tool, "_import_openwebui", lambda: namespace)
+    standin.install(monkeypatch)
     tool = Tools()
     tool.valves = Tools.Valves(BACKEND="web")
     text = await tool.google_scholar(["q"], __request__=standin.request)
@@ -490,8 +452,7 @@ async def test_web_backend_engine_without_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     standin = OpenWebUIStandIn("0.11", "")
-    namespace = standin.namespace()
-    monkeypatch.setattr(scholar_tool, "_import_openwebui", lambda: namespace)
+    standin.install(monkeypatch)
     tool = Tools()
     tool.valves = Tools.Valves(BACKEND="web")
     text = await tool.google_scholar(["q"], __request__=standin.request)
@@ -503,37 +464,6 @@ async def test_web_backend_engine_without_settings(
 
 
 # --- input, queries, valves -----------------------------------------------------
-
-
-INVALID = (
-    "[google_scholar] Invalid request format: "
-    "Input must be a JSON object containing 'query' field"
-)
-
-
-@pytest.mark.parametrize("query", [None, [], [""], [3], {"query": ["x"]}, 1.5, "  "])
-async def test_invalid_query_gets_the_reference_text(
-    apis: FakeScholarly, query: Any
-) -> None:
-    assert await tool_for(apis).google_scholar(query) == INVALID
-    assert apis.server.requests == []
-
-
-async def test_bare_string_and_duplicates(apis: FakeScholarly) -> None:
-    assert await tool_for(apis).google_scholar(" solo ") == NO_RESULTS.format("solo")  # type: ignore[arg-type]
-    apis.server.requests.clear()
-    text = await tool_for(apis).google_scholar(["a", "a ", "b"])
-    assert text == NO_RESULTS.format("a") + "\n=======\n" + NO_RESULTS.format("b")
-    assert sorted(r.query["search"][0] for r in apis.server.requests) == ["a", "b"]
-
-
-async def test_extra_queries_are_named_in_a_note(apis: FakeScholarly) -> None:
-    text = await tool_for(apis, MAX_QUERIES_PER_SEARCH=1).google_scholar(["a", "b"])
-    assert text == NO_RESULTS.format("a") + (
-        "\n\nNote: only the first 1 queries of this call were searched (limit per "
-        "call). Not searched: 'b'. Call the tool again with these queries if you "
-        "still need them."
-    )
 
 
 async def test_queries_run_concurrently(apis: FakeScholarly) -> None:
@@ -590,11 +520,11 @@ async def test_status_events(apis: FakeScholarly) -> None:
     ]
     events = Events()
     await tool_for(apis).google_scholar(["a"], __event_emitter__=events)
-    assert events.items[0]["data"] == {
+    assert events[0]["data"] == {
         "description": "Searching papers: a",
         "done": False,
     }
-    assert events.items[1]["data"] == {
+    assert events[1]["data"] == {
         "action": "web_search",
         "description": "Found {{count}} papers",
         "query": "a",
@@ -615,54 +545,12 @@ async def test_status_events(apis: FakeScholarly) -> None:
     }
 
 
-async def test_error_status_and_failing_emitter(apis: FakeScholarly) -> None:
+async def test_error_status(apis: FakeScholarly) -> None:
     apis.faults["openalex"] = Fault(status=500)
     events = Events()
     text = await tool_for(apis).google_scholar(["q"], __event_emitter__=events)
-    assert events.items[-1]["data"] == {"description": text, "done": True}
-
-    async def broken(_event: dict) -> None:
-        raise RuntimeError("socket closed")
-
-    assert await tool_for(apis).google_scholar(["q"], __event_emitter__=broken) == text
-
-
-# --- no per-call blocking work ---------------------------------------------------
-
-
-async def test_calls_share_one_tls_context(
-    apis: FakeScholarly, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    await tool_for(apis).google_scholar(["warm up"])
-    built: list[str] = []
-    real = ssl.create_default_context
-
-    def counting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
-        built.append("context")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(ssl, "create_default_context", counting)
-    for number in range(3):
-        text = await tool_for(apis).google_scholar([f"q{number}"])
-        assert text == NO_RESULTS.format(f"q{number}")
-    assert built == []  # loading CA certificates is slow blocking work
-    (context,) = scholar_tool._SSL_CONTEXTS
-    assert context.verify_mode == ssl.CERT_REQUIRED
-    assert context.check_hostname is True
-
-
-async def test_the_tls_context_is_built_off_the_event_loop(
-    apis: FakeScholarly, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    threads: list[threading.Thread] = []
-    real = scholar_tool.httpx.create_ssl_context
-
-    def spy(*args: Any, **kwargs: Any) -> ssl.SSLContext:
-        threads.append(threading.current_thread())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(scholar_tool, "_SSL_CONTEXTS", [])
-    monkeypatch.setattr(scholar_tool.httpx, "create_ssl_context", spy)
-    await asyncio.gather(*(tool_for(apis).google_scholar(["q"]) for _ in range(3)))
-    assert len(threads) == 1  # built once, even by calls that start together
-    assert threads[0] is not threading.main_thread()
+    assert text == (
+        "Scholar search failed for 'q': the service answered HTTP 500. "
+        "Please try again later."
+    )
+    assert events[-1]["data"] == {"description": text, "done": True}

@@ -1,14 +1,17 @@
 """Tests of the `search` Open WebUI tool against a fake SearXNG over real HTTP.
 
 Golden strings follow the reference formats (tongyi-protocol.md §3 "search").
+What it shares with google_scholar (queries, events, the TLS context) is
+tested once for both in test_tool_shared_snippets.py. Open WebUI's pieces
+are stand-ins installed where the tool imports them from.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ssl
+import sys
 import threading
-from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,22 +19,11 @@ import pytest
 from tongyi_deepresearch_openwebui_pipeline.tools import search_tool
 from tongyi_deepresearch_openwebui_pipeline.tools.search_tool import Tools
 
+from .fakes.events import Events
 from .fakes.searxng import FakeSearXNG, OpenWebUIStandIn, result
 
 USER = {"id": "u1", "email": "a@example.com", "name": "Ann", "role": "user"}
 NO_RESULTS = "No results found for '{}'. Try with a more general query."
-
-
-@pytest.fixture(scope="module")
-def searxng_server() -> Iterator[FakeSearXNG]:
-    with FakeSearXNG() as server:
-        yield server
-
-
-@pytest.fixture
-def searxng(searxng_server: FakeSearXNG) -> FakeSearXNG:
-    searxng_server.reset()
-    return searxng_server
 
 
 def direct_tool(server: FakeSearXNG, **valves: Any) -> Tools:
@@ -39,19 +31,6 @@ def direct_tool(server: FakeSearXNG, **valves: Any) -> Tools:
     tool = Tools()
     tool.valves = Tools.Valves(SEARXNG_URL=server.search_url, **valves)
     return tool
-
-
-class Events:
-    """Collects status events."""
-
-    def __init__(self) -> None:
-        self.items: list[dict] = []
-
-    async def __call__(self, event: dict) -> None:
-        self.items.append(event)
-
-    def descriptions(self) -> list[str]:
-        return [e["data"]["description"] for e in self.items]
 
 
 # --- one result, field by field ------------------------------------------------
@@ -232,37 +211,6 @@ async def test_blocks_are_joined_by_the_separator(searxng: FakeSearXNG) -> None:
     )
 
 
-async def test_extra_queries_are_named_in_a_note(searxng: FakeSearXNG) -> None:
-    text = await direct_tool(searxng, MAX_QUERIES_PER_SEARCH=2).search(
-        ["one", "two", "three", "four"]
-    )
-    assert sorted(searxng.queries()) == ["one", "two"]
-    blocks, note = text.split("\n\nNote: ")
-    assert blocks == NO_RESULTS.format("one") + "\n=======\n" + NO_RESULTS.format("two")
-    assert note == (
-        "only the first 2 queries of this call were searched (limit per call). "
-        "Not searched: 'three', 'four'. "
-        "Call the tool again with these queries if you still need them."
-    )
-
-
-async def test_no_note_when_within_the_limit(searxng: FakeSearXNG) -> None:
-    text = await direct_tool(searxng, MAX_QUERIES_PER_SEARCH=2).search(["one", "two"])
-    assert "Note:" not in text
-
-
-async def test_duplicate_queries_are_searched_once(searxng: FakeSearXNG) -> None:
-    text = await direct_tool(searxng).search(["a", " a ", "b", "a", ""])
-    assert sorted(searxng.queries()) == ["a", "b"]
-    assert text == NO_RESULTS.format("a") + "\n=======\n" + NO_RESULTS.format("b")
-
-
-async def test_bare_string_query_is_accepted(searxng: FakeSearXNG) -> None:
-    text = await direct_tool(searxng).search("  solo  ")  # type: ignore[arg-type]
-    assert searxng.queries() == ["solo"]
-    assert text == NO_RESULTS.format("solo")
-
-
 async def test_one_failing_query_does_not_sink_the_others(
     searxng: FakeSearXNG,
 ) -> None:
@@ -321,7 +269,7 @@ async def test_searxng_credentials_never_reach_the_output(searxng: FakeSearXNG) 
     text = await tool.search(["q"], __event_emitter__=events)
     assert "HTTP 502" in text
     assert "s3cr3t" not in text
-    assert all("s3cr3t" not in str(e) for e in events.items)
+    assert all("s3cr3t" not in str(e) for e in events)
     assert searxng.requests[0].headers["authorization"].startswith("Basic ")
 
 
@@ -353,25 +301,6 @@ async def test_concurrency_valve_bounds_the_queries(searxng: FakeSearXNG) -> Non
     text = await direct_tool(searxng, CONCURRENT_QUERIES=1).search(["a", "b"])
     assert searxng.max_in_flight == 1
     assert text.count("HTTP 504") == 2
-
-
-# --- invalid input ---------------------------------------------------------------
-
-
-INVALID = (
-    "[Search] Invalid request format: "
-    "Input must be a JSON object containing 'query' field"
-)
-
-
-@pytest.mark.parametrize(
-    "query", [None, [], [""], ["  ", ""], [1], ["ok", 2], {"query": "x"}, 7, ""]
-)
-async def test_invalid_query_gets_the_reference_text(
-    searxng: FakeSearXNG, query: Any
-) -> None:
-    assert await direct_tool(searxng).search(query) == INVALID
-    assert searxng.requests == []
 
 
 # --- valves ----------------------------------------------------------------------
@@ -412,7 +341,7 @@ async def test_without_open_webui_or_searxng_the_model_is_told() -> None:
         "WebUI and its SEARXNG_URL valve is empty. Set SEARXNG_URL to a SearXNG "
         "instance with the JSON output format enabled."
     )
-    assert events.items[-1]["data"] == {"description": text, "done": True}
+    assert events[-1]["data"] == {"description": text, "done": True}
 
 
 def test_valves_are_documented() -> None:
@@ -434,11 +363,11 @@ async def test_status_events(searxng: FakeSearXNG) -> None:
     searxng.script("b", status=500)
     events = Events()
     await direct_tool(searxng).search(["a", "b"], __event_emitter__=events)
-    assert events.items[0] == {
+    assert events[0] == {
         "type": "status",
         "data": {"description": "Searching: a · b", "done": False},
     }
-    by_query = {e["data"].get("query"): e["data"] for e in events.items[1:]}
+    by_query = {e["data"].get("query"): e["data"] for e in events[1:]}
     assert by_query["a"] == {
         "action": "web_search",
         "description": "Searched {{count}} sites",
@@ -455,32 +384,24 @@ async def test_status_events(searxng: FakeSearXNG) -> None:
         "Please try again later.",
         "done": True,
     }
-    assert len(events.items) == 3
-
-
-async def test_a_failing_emitter_does_not_stop_the_search(searxng: FakeSearXNG) -> None:
-    async def broken(_event: dict) -> None:
-        raise RuntimeError("socket gone")
-
-    searxng.script("q", results=[result("https://a.example", "A")])
-    text = await direct_tool(searxng).search(["q"], __event_emitter__=broken)
-    assert text.endswith("1. [A](https://a.example)\nSource: a.example\n")
-
-
-async def test_a_sync_emitter_is_accepted(searxng: FakeSearXNG) -> None:
-    seen: list[dict] = []
-    await direct_tool(searxng).search(["q"], __event_emitter__=seen.append)  # type: ignore[arg-type]
-    assert seen[0]["data"]["description"] == "Searching: q"
+    assert len(events) == 3
 
 
 # --- Open WebUI versions (search_web / config seams) ---------------------------
 
 
 def use_openwebui(
-    monkeypatch: pytest.MonkeyPatch, standin: OpenWebUIStandIn | None
+    monkeypatch: pytest.MonkeyPatch,
+    standin: OpenWebUIStandIn | None,
+    pieces: SimpleNamespace | None = None,
 ) -> None:
-    namespace = standin.namespace() if standin else None
-    monkeypatch.setattr(search_tool, "_import_openwebui", lambda: namespace)
+    """Make `standin` the Open WebUI the tool imports (None: not installed)."""
+    if standin is not None:
+        standin.install(monkeypatch, pieces)
+        return
+    for name in [n for n in sys.modules if n.split(".")[0] == "open_webui"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "open_webui", None)  # its import fails
 
 
 @pytest.mark.parametrize("version", ["0.6", "0.11", "0.12"])
@@ -569,7 +490,7 @@ async def test_failure_logs_carry_no_secrets(
 
     namespace = standin.namespace()
     namespace.search_web = leaky_search_web
-    monkeypatch.setattr(search_tool, "_import_openwebui", lambda: namespace)
+    use_openwebui(monkeypatch, standin, namespace)
     caplog.set_level("DEBUG", logger=search_tool.log.name)
 
     text = await Tools().search(["q"], __request__=standin.request, __user__=USER)
@@ -643,7 +564,7 @@ async def test_disabled_web_search_is_explained(
         "An administrator can enable and configure it in Admin Settings → Web "
         "Search. Continue with what you already know or with other tools."
     )
-    assert events.items[-1]["data"] == {"description": text, "done": True}
+    assert events[-1]["data"] == {"description": text, "done": True}
     assert standin.calls == []
     assert searxng.requests == []
 
@@ -730,7 +651,7 @@ async def test_settings_read_failure_is_a_clear_message(
         raise OSError("database is locked")
 
     namespace.config_store.get_many = broken_get_many
-    monkeypatch.setattr(search_tool, "_import_openwebui", lambda: namespace)
+    use_openwebui(monkeypatch, standin, namespace)
     text = await Tools().search(["q"], __request__=standin.request)
     assert text == (
         "Web search failed: Open WebUI's web search settings could not be read. "
@@ -751,7 +672,7 @@ async def test_open_webui_timeout_per_query(monkeypatch: pytest.MonkeyPatch) -> 
         return [{"link": f"https://{query}.example", "title": query, "snippet": None}]
 
     namespace.search_web = search_web
-    monkeypatch.setattr(search_tool, "_import_openwebui", lambda: namespace)
+    use_openwebui(monkeypatch, standin, namespace)
     tool = Tools()
     tool.valves = Tools.Valves(QUERY_TIMEOUT_SECONDS=0.3)
     text = await tool.search(["slow", "fast"], __request__=standin.request)
@@ -787,44 +708,3 @@ async def test_app_config_raising_key_error_and_old_names(
     text = await Tools().search(["q"], __request__=standin.request)
     assert text == NO_RESULTS.format("q")
     assert standin.calls[0]["engine"] == "searxng"
-
-
-# --- no per-call blocking work ---------------------------------------------------
-
-
-async def test_calls_share_one_tls_context(
-    searxng: FakeSearXNG, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    await direct_tool(searxng).search(["warm up"])
-    built: list[str] = []
-    real = ssl.create_default_context
-
-    def counting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
-        built.append("context")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(ssl, "create_default_context", counting)
-    for number in range(3):
-        text = await direct_tool(searxng).search([f"q{number}", "other"])
-        assert text.startswith(NO_RESULTS.format(f"q{number}"))
-    assert built == []  # loading CA certificates is slow blocking work
-    (context,) = search_tool._SSL_CONTEXTS
-    assert context.verify_mode == ssl.CERT_REQUIRED
-    assert context.check_hostname is True
-
-
-async def test_the_tls_context_is_built_off_the_event_loop(
-    searxng: FakeSearXNG, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    threads: list[threading.Thread] = []
-    real = search_tool.httpx.create_ssl_context
-
-    def spy(*args: Any, **kwargs: Any) -> ssl.SSLContext:
-        threads.append(threading.current_thread())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(search_tool, "_SSL_CONTEXTS", [])
-    monkeypatch.setattr(search_tool.httpx, "create_ssl_context", spy)
-    await asyncio.gather(*(direct_tool(searxng).search(["q"]) for _ in range(3)))
-    assert len(threads) == 1  # built once, even by calls that start together
-    assert threads[0] is not threading.main_thread()

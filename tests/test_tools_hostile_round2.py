@@ -34,6 +34,7 @@ import pytest
 
 from tongyi_deepresearch_openwebui_pipeline.tools import scholar_tool, search_tool
 
+from .fakes.events import Events
 from .fakes.http import LocalServer, Response
 from .fakes.pages import load_visit_tool, make_pdf
 from .fakes.scholarly import (
@@ -220,18 +221,6 @@ def test_big_values_nested_too_deep_are_refused() -> None:
     assert str(refused.value) == "the answer nests values too deeply"
 
 
-@pytest.fixture(scope="module")
-def apis_server() -> Iterator[FakeScholarly]:
-    with FakeScholarly() as fake:
-        yield fake
-
-
-@pytest.fixture
-def apis(apis_server: FakeScholarly) -> FakeScholarly:
-    apis_server.reset()
-    return apis_server
-
-
 def scholar_for(apis: FakeScholarly, **valves: Any) -> scholar_tool.Tools:
     tool = scholar_tool.Tools()
     tool.valves = scholar_tool.Tools.Valves(
@@ -380,11 +369,6 @@ def redirecting_site() -> Iterator[LocalServer]:
         yield server
 
 
-class Events(list):
-    async def __call__(self, event: dict) -> None:
-        self.append(event)
-
-
 @pytest.mark.parametrize("name", list(REDIRECTS))
 async def test_a_redirect_to_an_unreadable_location_fails_that_page_clearly(
     name: str, redirecting_site: LocalServer, caplog: pytest.LogCaptureFixture
@@ -400,9 +384,7 @@ async def test_a_redirect_to_an_unreadable_location_fails_that_page_clearly(
     result = await tool.visit(url=[bad, good], goal="g", __event_emitter__=events)
 
     failures = [
-        event["data"]["description"]
-        for event in events
-        if event["data"].get("description", "").startswith("Could not read")
+        line for line in events.descriptions() if line.startswith("Could not read")
     ]
     assert failures == [f"Could not read {bad}: {reason}"]
     assert result.ok  # the other page was read: only this page failed

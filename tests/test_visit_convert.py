@@ -1,8 +1,14 @@
-"""Bytes to readable text: HTML to markdown, charsets, sniffing, budget, PDF."""
+"""Bytes to readable text: HTML to markdown, charsets, sniffing, budget, PDF.
+
+The HTML tests run against both whole-page readers: the HTML parser's
+(`_html_to_text`, in a converter process) and the linear one a thread uses
+when no converter process can run (`_html_to_text_linear`).
+"""
 
 from __future__ import annotations
 
 import codecs
+from collections.abc import Callable
 
 import pytest
 
@@ -15,15 +21,33 @@ SHIFT_JIS_PAGE = (
 ).encode("shift_jis")
 
 
-def html_text(html: str, base: str = "https://site.example/dir/page.html") -> str:
-    return vt._html_to_text(html, base, 10**7)[0]
+HtmlReader = Callable[[str, str, int], tuple[str, str]]
+
+
+@pytest.fixture(
+    params=[vt._html_to_text, vt._html_to_text_linear],
+    ids=["html parser", "linear reader"],
+)
+def read_html(request: pytest.FixtureRequest) -> HtmlReader:
+    """A whole-page HTML reader: (html, base URL, character limit) -> (text, title)."""
+    return request.param
+
+
+@pytest.fixture
+def html_text(read_html: HtmlReader) -> Callable[..., str]:
+    """The text `read_html` makes of a snippet of HTML."""
+
+    def text(html: str, base: str = "https://site.example/dir/page.html") -> str:
+        return read_html(html, base, 10**7)[0]
+
+    return text
 
 
 # -- HTML ---------------------------------------------------------------------------
 
 
-def test_article_structure_and_boilerplate() -> None:
-    text, title = vt._html_to_text(ARTICLE_HTML, "https://s.example/a", 10**7)
+def test_article_structure_and_boilerplate(read_html: HtmlReader) -> None:
+    text, title = read_html(ARTICLE_HTML, "https://s.example/a", 10**7)
     assert title == "Solar Panels & Efficiency"
     assert text.startswith("# Solar panel efficiency in 2024\n\nModern panels reach")
     assert "[annual report](https://s.example/reports/2024.html)" in text
@@ -31,14 +55,14 @@ def test_article_structure_and_boilerplate() -> None:
         assert junk not in text
 
 
-def test_headings_lists_and_numbering() -> None:
+def test_headings_lists_and_numbering(html_text: Callable[..., str]) -> None:
     text = html_text(
         "<h3>Three</h3><ol><li>a<li>b<ol><li>b1</ol></ol><ul><li>x</li><li></li></ul>"
     )
     assert text == "### Three\n\n1. a\n2. b\n  1. b1\n\n- x"
 
 
-def test_tables_become_pipe_rows() -> None:
+def test_tables_become_pipe_rows(html_text: Callable[..., str]) -> None:
     text = html_text(
         "<table><thead><tr><th>A</th><th>B|C</th></tr></thead>"
         "<tr><td>1<td><p>two</p><p>lines</p></tr>"
@@ -50,11 +74,11 @@ def test_tables_become_pipe_rows() -> None:
     )
 
 
-def test_table_without_header_has_no_separator() -> None:
+def test_table_without_header_has_no_separator(html_text: Callable[..., str]) -> None:
     assert html_text("<table><tr><td>a</td><td>b</td></tr></table>") == "| a | b |"
 
 
-def test_links_meaningful_or_plain() -> None:
+def test_links_meaningful_or_plain(html_text: Callable[..., str]) -> None:
     text = html_text(
         '<p><a href="../up.html">Up</a> <a href="#frag">Jump</a> '
         '<a href="javascript:void(0)">JS</a> <a href="mailto:a@b.c">Mail</a> '
@@ -68,23 +92,23 @@ def test_links_meaningful_or_plain() -> None:
     )
 
 
-def test_base_href_is_honoured() -> None:
+def test_base_href_is_honoured(html_text: Callable[..., str]) -> None:
     text = html_text('<base href="https://cdn.example/root/"><a href="p">P</a>')
     assert text == "[P](https://cdn.example/root/p)"
 
 
-def test_whitespace_entities_and_inline_spacing() -> None:
+def test_whitespace_entities_and_inline_spacing(html_text: Callable[..., str]) -> None:
     text = html_text(
         "<p>  a&nbsp;&amp;\n\n  <b>bold</b>text <i> it </i>. </p><p>x<br>y</p>"
     )
     assert text == "a & boldtext it .\n\nx\ny"  # nbsp is whitespace too
 
 
-def test_pre_keeps_its_layout() -> None:
+def test_pre_keeps_its_layout(html_text: Callable[..., str]) -> None:
     assert html_text("<pre>a  b\n  c</pre>") == "```\na  b\n  c\n```"
 
 
-def test_hidden_and_chrome_elements() -> None:
+def test_hidden_and_chrome_elements(html_text: Callable[..., str]) -> None:
     text = html_text(
         '<div aria-hidden="true">A</div><div style="visibility: hidden">B</div>'
         '<div role="navigation">C</div>'
@@ -95,31 +119,47 @@ def test_hidden_and_chrome_elements() -> None:
     assert text == "Kept header\n\nbody\n\nKept footer"
 
 
-def test_title_fallbacks() -> None:
+def test_title_fallbacks(read_html: HtmlReader) -> None:
     og = '<meta property="og:title" content="OG Title"><p>x</p>'
-    assert vt._html_to_text(og, "https://a/", 10**6)[1] == "OG Title"
-    assert vt._html_to_text("<h1>Heading</h1>", "https://a/", 10**6)[1] == "Heading"
+    assert read_html(og, "https://a/", 10**6)[1] == "OG Title"
+    assert read_html("<h1>Heading</h1>", "https://a/", 10**6)[1] == "Heading"
     svg = "<svg><title>icon</title></svg><title>Real</title>"
-    assert vt._html_to_text(svg, "https://a/", 10**6)[1] == "Real"
+    assert read_html(svg, "https://a/", 10**6)[1] == "Real"
 
 
-@pytest.mark.parametrize(
-    "html",
-    ["<p>unclosed <a href='/x'>link", "<table><tr><td>cell", "</div></p><li>", "<!-->",
-     "<![CDATA[x]]>", "<p <p>", "<" * 100, "<a href='x'><table><td>a</table>"],
-)  # fmt: skip
-def test_malformed_html_never_crashes(html: str) -> None:
-    text, _title = vt._html_to_text(html, "https://a/", 10**6)
-    assert isinstance(text, str)
+# Broken HTML and the text each reader makes of it (without a crash).
+MALFORMED = {
+    "<p>unclosed <a href='/x'>link": "unclosed [link](https://a/x)",
+    "<table><tr><td>cell": "| cell |",
+    "</div></p><li>": "",
+    "<![CDATA[x]]>": "",
+    "<p <p>": "",
+    "<" * 100: "<" * 100,
+    "<a href='x'><table><td>a</table>": "[| a |](https://a/x)",
+}
 
 
-def test_unclosed_link_text_is_kept() -> None:
+@pytest.mark.parametrize(("html", "expected"), list(MALFORMED.items()))
+def test_malformed_html_never_crashes(
+    html: str, expected: str, read_html: HtmlReader
+) -> None:
+    assert read_html(html, "https://a/", 10**6) == (expected, "")
+
+
+def test_an_empty_comment_of_three_dashes() -> None:
+    # A browser reads "<!-->" as an empty comment, and so does the linear
+    # reader; Python's HTML parser leaves it as text.
+    assert vt._html_to_text_linear("<!-->", "https://a/", 10**6) == ("", "")
+    assert vt._html_to_text("<!-->", "https://a/", 10**6) == ("<!-->", "")
+
+
+def test_unclosed_link_text_is_kept(html_text: Callable[..., str]) -> None:
     assert "link" in html_text("<p>unclosed <a href='/x'>link")
 
 
-def test_conversion_stops_early_on_huge_pages() -> None:
+def test_conversion_stops_early_on_huge_pages(read_html: HtmlReader) -> None:
     html = "<p>" + "word " * 2_000_000 + "</p>"
-    text, _ = vt._html_to_text(html, "https://a/", 100_000)
+    text, _ = read_html(html, "https://a/", 100_000)
     assert 100_000 < len(text) < 200_000
 
 
@@ -208,18 +248,14 @@ def test_budget_edges(text: str, kept: int, cut: bool) -> None:
     assert fitted == text[:kept]
 
 
-def test_budget_of_a_huge_text_only_reads_its_beginning(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_budget_of_a_huge_text_only_reads_its_beginning() -> None:
     seen: list[int] = []
-    original = vt._estimate_tokens
 
     def spy(text: str) -> float:
         seen.append(len(text))
-        return original(text)
+        return vt._estimate_tokens(text)
 
-    monkeypatch.setattr(vt, "_estimate_tokens", spy)
-    text, cut = vt._fit_budget("abcd" * 2_500_000, 1000)  # 10 MB of text
+    text, cut = vt._fit_budget("abcd" * 2_500_000, 1000, spy)  # 10 MB of text
     assert (len(text), cut) == (4000, True)
     assert max(seen) <= 4096  # never a regex pass over the whole text
 

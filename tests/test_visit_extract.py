@@ -1,8 +1,8 @@
 """The extractor call: exact prompt, reply parsing, shrinking retries, transient
 errors with backoff, configuration errors, and the no-extractor fallback.
 
-The extractor is a real FakeOpenAI server on 127.0.0.1; `_sleep` is replaced by
-a recorder so backoff is checked without waiting.
+The extractor is a real FakeOpenAI server on 127.0.0.1; the extraction is
+given a recording sleep, so backoff is checked without waiting.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.pages import PageSite, load_visit_tool, page_text_from_prompt
+from tests.fakes.visit_seams import Sleeps
 
 vt = load_visit_tool("visit_tool_extract_tests")
 
@@ -26,14 +27,9 @@ KEY = "sk-test-SECRET-123"
 
 
 @pytest.fixture
-def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    recorded: list[float] = []
-
-    async def fake_sleep(seconds: float) -> None:
-        recorded.append(seconds)
-
-    monkeypatch.setattr(vt, "_sleep", fake_sleep)
-    return recorded
+def sleeps() -> Sleeps:
+    """The extraction's waits between retries, recorded instead of waited."""
+    return Sleeps()
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +73,10 @@ def test_extractor_prompt_is_byte_identical_to_the_reference() -> None:
 
 
 async def test_request_is_one_user_message_with_the_formatted_prompt(
-    fake: Any, sleeps: list[float]
+    fake: Any, sleeps: Sleeps
 ) -> None:
     fake.script(Reply(content=GOOD))
-    outcome = await vt._extract(page(), "find facts", valves(fake))
+    outcome = await vt._extract(page(), "find facts", valves(fake), sleep=sleeps)
     assert (outcome.kind, outcome.evidence, outcome.summary) == (
         "extracted",
         "E1",
@@ -185,10 +181,10 @@ def test_parsing_without_json5(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_empty_replies_shrink_the_page_like_the_reference(
-    fake: Any, sleeps: list[float]
+    fake: Any, sleeps: Sleeps
 ) -> None:
     fake.script(*[Reply(content="") for _ in range(5)])
-    outcome = await vt._extract(page("x" * 200_000), "g", valves(fake))
+    outcome = await vt._extract(page("x" * 200_000), "g", valves(fake), sleep=sleeps)
     assert outcome.kind == "failed"
     lengths = [len(c) for c in sent_contents(fake)]
     assert len(lengths) == 5
@@ -228,16 +224,18 @@ async def test_context_length_400_shrinks_instead_of_failing(fake: Any) -> None:
 # -- transient errors --------------------------------------------------------------
 
 
-async def test_5xx_is_retried_with_backoff(fake: Any, sleeps: list[float]) -> None:
+async def test_5xx_is_retried_with_backoff(fake: Any, sleeps: Sleeps) -> None:
     fake.script(Reply(status=500), Reply(status=502), Reply(content=GOOD))
-    outcome = await vt._extract(page(), "g", valves(fake))
+    outcome = await vt._extract(page(), "g", valves(fake), sleep=sleeps)
     assert outcome.kind == "extracted"
     assert sleeps == [1.0, 2.0]
 
 
-async def test_retry_budget_is_bounded(fake: Any, sleeps: list[float]) -> None:
+async def test_retry_budget_is_bounded(fake: Any, sleeps: Sleeps) -> None:
     fake.respond_with(lambda body: Reply(status=503))
-    outcome = await vt._extract(page(), "g", valves(fake, EXTRACTOR_MAX_RETRIES=3))
+    outcome = await vt._extract(
+        page(), "g", valves(fake, EXTRACTOR_MAX_RETRIES=3), sleep=sleeps
+    )
     assert outcome.kind == "excerpt"
     assert len(fake.bodies) == 4  # no page shrinking on an outage
     assert sleeps == [1.0, 2.0, 4.0]
@@ -245,18 +243,18 @@ async def test_retry_budget_is_bounded(fake: Any, sleeps: list[float]) -> None:
     assert outcome.evidence == "Body text of the page."
 
 
-async def test_429_honours_retry_after(fake: Any, sleeps: list[float]) -> None:
+async def test_429_honours_retry_after(fake: Any, sleeps: Sleeps) -> None:
     fake.script(Reply(status=429, headers={"Retry-After": "7"}), Reply(content=GOOD))
-    outcome = await vt._extract(page(), "g", valves(fake))
+    outcome = await vt._extract(page(), "g", valves(fake), sleep=sleeps)
     assert outcome.kind == "extracted"
     assert sleeps == [7.0]
 
 
 async def test_429_with_an_unreasonable_wait_gives_up(
-    fake: Any, sleeps: list[float]
+    fake: Any, sleeps: Sleeps
 ) -> None:
     fake.respond_with(lambda body: Reply(status=429, headers={"Retry-After": "3600"}))
-    outcome = await vt._extract(page(), "g", valves(fake))
+    outcome = await vt._extract(page(), "g", valves(fake), sleep=sleeps)
     assert outcome.kind == "excerpt"
     assert len(fake.bodies) == 1
     assert sleeps == []
@@ -269,7 +267,7 @@ def test_retry_after_http_date() -> None:
 
 
 async def test_connection_refused_is_retried_then_excerpted(
-    sleeps: list[float],
+    sleeps: Sleeps,
 ) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -277,16 +275,16 @@ async def test_connection_refused_is_retried_then_excerpted(
     settings = valves(
         EXTRACTOR_BASE_URL=f"http://127.0.0.1:{port}/v1", EXTRACTOR_MAX_RETRIES=2
     )
-    outcome = await vt._extract(page(), "g", settings)
+    outcome = await vt._extract(page(), "g", settings, sleep=sleeps)
     assert outcome.kind == "excerpt"
     assert "ConnectError" in outcome.summary
     assert sleeps == [1.0, 2.0]
 
 
-async def test_extractor_timeout(fake: Any, sleeps: list[float]) -> None:
+async def test_extractor_timeout(fake: Any, sleeps: Sleeps) -> None:
     fake.respond_with(lambda body: Reply(fault="hang"))
     settings = valves(fake, EXTRACTOR_TIMEOUT_SECONDS=0.3, EXTRACTOR_MAX_RETRIES=1)
-    outcome = await vt._extract(page(), "g", settings)
+    outcome = await vt._extract(page(), "g", settings, sleep=sleeps)
     assert outcome.kind == "excerpt"
     assert "Timeout" in outcome.summary
     assert len(fake.bodies) == 2
@@ -306,10 +304,12 @@ async def test_extractor_timeout(fake: Any, sleeps: list[float]) -> None:
     ],
 )
 async def test_config_errors_are_not_retried_and_name_the_valve(
-    status: int, error: str, valve: str, fake: Any, sleeps: list[float]
+    status: int, error: str, valve: str, fake: Any, sleeps: Sleeps
 ) -> None:
     fake.respond_with(lambda body: Reply(status=status, error=error))
-    outcome = await vt._extract(page(), "g", valves(fake, EXTRACTOR_API_KEY=KEY))
+    outcome = await vt._extract(
+        page(), "g", valves(fake, EXTRACTOR_API_KEY=KEY), sleep=sleeps
+    )
     assert outcome.kind == "excerpt"
     assert len(fake.bodies) == 1
     assert sleeps == []
@@ -318,9 +318,9 @@ async def test_config_errors_are_not_retried_and_name_the_valve(
     assert KEY not in outcome.summary
 
 
-async def test_invalid_base_url_names_the_valve(sleeps: list[float]) -> None:
+async def test_invalid_base_url_names_the_valve(sleeps: Sleeps) -> None:
     outcome = await vt._extract(
-        page(), "g", valves(EXTRACTOR_BASE_URL="localhost:8000/v1")
+        page(), "g", valves(EXTRACTOR_BASE_URL="localhost:8000/v1"), sleep=sleeps
     )
     assert outcome.kind == "excerpt"
     assert "EXTRACTOR_BASE_URL" in outcome.summary
@@ -362,3 +362,34 @@ async def test_valves_are_read_at_call_time_and_key_never_leaks(fake: Any) -> No
     assert sources[0]["data"]["document"] == [
         "Plain facts: water boils at 100 C.\n\n[Read: whole document, 34 characters]"
     ]
+
+
+async def test_a_lone_surrogate_in_the_goal_reaches_the_extractor_as_u_fffd(
+    fake: Any,
+) -> None:
+    # The model may write half of a surrogate pair in its call ("\ud83d" in
+    # JSON); json.loads makes it a lone surrogate, which UTF-8 cannot encode:
+    # the extractor request failed to encode, every attempt, and the page was
+    # lost ("the extractor gave no usable answer").
+    fake.respond_with(lambda body: Reply(content=GOOD))
+    goal = json.loads('"rocket \\ud83d launch"')
+    tool = vt.Tools()
+    with PageSite() as site:
+        tool.valves = tool.Valves(
+            EXTRACTOR_BASE_URL=fake.base_url, ALLOW_PRIVATE_URLS=True
+        )
+        url = site.url("/plain")
+        result = await tool.visit(url=[url], goal=goal)
+    (body,) = fake.bodies
+    document = (
+        f"Title: \n\nURL Source: {url}\n\n"
+        "Markdown Content:\nPlain facts: water boils at 100 C."
+    )
+    assert body["messages"][0]["content"] == vt.EXTRACTOR_PROMPT.format(
+        webpage_content=document, goal="rocket \ufffd launch"
+    )
+    assert result == (
+        f"The useful information in {url} for user goal {goal} as follows: \n\n"
+        "Evidence in page: \nE1\n\nSummary: \nS1"
+    )
+    assert result.ok

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.fakes.events import Events
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.pages import PageSite, load_visit_tool
 
@@ -32,16 +33,26 @@ MODEL = "Alibaba-NLP/Tongyi-DeepResearch-30B-A3B"
 
 
 @pytest.fixture(autouse=True)
-def _fresh_memory(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """No test inherits another's refused fields, and backoff never waits."""
+def _fresh_memory() -> Any:
+    """No test inherits another's refused fields."""
     vt._REFUSED_FIELDS.clear()
-
-    async def no_sleep(seconds: float) -> None:
-        raise AssertionError(f"no transient error here, yet slept {seconds}s")
-
-    monkeypatch.setattr(vt, "_sleep", no_sleep)
     yield
     vt._REFUSED_FIELDS.clear()
+
+
+async def never_sleeps(seconds: float) -> None:
+    """The extraction's sleep: no reply here is a transient error to wait for."""
+    raise AssertionError(f"no transient error here, yet slept {seconds}s")
+
+
+async def extract(page: Any, goal: str, settings: Any) -> Any:
+    """`_extract`, with a sleep that fails the test if it is ever called."""
+    return await vt._extract(page, goal, settings, sleep=never_sleeps)
+
+
+def tool() -> Any:
+    """The visit tool, with a sleep that fails the test if it is ever called."""
+    return vt.Tools(seams=vt._Seams(sleep=never_sleeps))
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +151,7 @@ REPLIES_WITH_AN_ANSWER = {
 @pytest.mark.parametrize("style", REPLIES_WITH_AN_ANSWER)
 async def test_the_json_is_read_in_every_reasoning_style(fake: Any, style: str) -> None:
     fake.script(REPLIES_WITH_AN_ANSWER[style])
-    outcome = await vt._extract(page(), "boiling point", valves(fake))
+    outcome = await extract(page(), "boiling point", valves(fake))
     assert (outcome.kind, outcome.evidence, outcome.summary) == EXTRACTED
     assert len(fake.bodies) == 1
 
@@ -150,7 +161,7 @@ async def test_the_json_is_read_in_every_reasoning_style(fake: Any, style: str) 
 
 async def test_thinking_is_turned_off_by_default(fake: Any) -> None:
     fake.script(inline(JSON))
-    await vt._extract(page(), "g", valves(fake))
+    await extract(page(), "g", valves(fake))
     (body,) = fake.bodies
     assert body["chat_template_kwargs"] == {
         "enable_thinking": False
@@ -161,7 +172,7 @@ async def test_thinking_is_turned_off_by_default(fake: Any) -> None:
 
 async def test_the_valve_sends_no_thinking_fields(fake: Any) -> None:
     fake.script(inline(JSON))
-    await vt._extract(page(), "g", valves(fake, EXTRACTOR_DISABLE_THINKING=False))
+    await extract(page(), "g", valves(fake, EXTRACTOR_DISABLE_THINKING=False))
     (body,) = fake.bodies
     assert "chat_template_kwargs" not in body
     assert "reasoning_effort" not in body
@@ -194,8 +205,8 @@ def refusing(field: str) -> Any:
 async def test_a_refused_field_is_dropped_once_and_remembered(field: str) -> None:
     with FakeOpenAI(model=MODEL) as server:
         server.respond_with(refusing(field))
-        first = await vt._extract(page(), "g", valves(server))
-        second = await vt._extract(page(), "g", valves(server))
+        first = await extract(page(), "g", valves(server))
+        second = await extract(page(), "g", valves(server))
         bodies = server.bodies
     assert (first.kind, second.kind) == ("extracted", "extracted")
     assert len(bodies) == 3  # refused, retried without it, then never sent again
@@ -215,7 +226,7 @@ async def test_ollama_refusing_the_effort_value_is_understood() -> None:
 
     with FakeOpenAI(model=MODEL) as server:
         server.respond_with(respond)
-        outcome = await vt._extract(page(), "g", valves(server))
+        outcome = await extract(page(), "g", valves(server))
         assert len(server.bodies) == 2
     assert outcome.kind == "extracted"
 
@@ -229,17 +240,17 @@ async def test_a_server_refusing_both_fields_costs_at_most_two_extra_requests() 
 
     with FakeOpenAI(model=MODEL) as server:
         server.respond_with(respond)
-        assert (await vt._extract(page(), "g", valves(server))).kind == "extracted"
-        assert (await vt._extract(page(), "g", valves(server))).kind == "extracted"
+        assert (await extract(page(), "g", valves(server))).kind == "extracted"
+        assert (await extract(page(), "g", valves(server))).kind == "extracted"
         assert len(server.bodies) == 4
 
 
 async def test_memory_is_per_endpoint(fake: Any) -> None:
     with FakeOpenAI(model=MODEL) as refusing_server:
         refusing_server.respond_with(refusing("chat_template_kwargs"))
-        await vt._extract(page(), "g", valves(refusing_server))
+        await extract(page(), "g", valves(refusing_server))
     fake.script(inline(JSON))
-    await vt._extract(page(), "g", valves(fake))
+    await extract(page(), "g", valves(fake))
     assert "chat_template_kwargs" in fake.bodies[0]
 
 
@@ -247,7 +258,7 @@ async def test_a_400_naming_no_thinking_field_is_still_a_config_error(
     fake: Any,
 ) -> None:
     fake.respond_with(lambda body: Reply(status=400, error="unknown model 'x'"))
-    outcome = await vt._extract(page(), "g", valves(fake, EXTRACTOR_MODEL="x"))
+    outcome = await extract(page(), "g", valves(fake, EXTRACTOR_MODEL="x"))
     assert outcome.kind == "excerpt"
     assert len(fake.bodies) == 1
     assert "EXTRACTOR_MODEL" in outcome.summary
@@ -270,7 +281,7 @@ async def test_thinking_that_eats_the_budget_falls_back_at_once(
     fake: Any, style: str
 ) -> None:
     fake.respond_with(lambda body: BUDGET_EATEN[style])
-    outcome = await vt._extract(page(), "g", valves(fake))
+    outcome = await extract(page(), "g", valves(fake))
     assert len(fake.bodies) == 1  # not five shrinking retries of the same budget
     assert outcome.kind == "excerpt"
     assert outcome.evidence == "Water boils at 100 C at sea level."
@@ -294,7 +305,7 @@ async def test_a_reply_of_thinking_only_is_not_retried_five_times(
     fake: Any, style: str
 ) -> None:
     fake.respond_with(lambda body: THINKING_ONLY[style])
-    outcome = await vt._extract(page(), "g", valves(fake))
+    outcome = await extract(page(), "g", valves(fake))
     assert len(fake.bodies) == 1
     assert outcome.kind == "excerpt"
     assert "draft" not in outcome.evidence + outcome.summary
@@ -304,7 +315,7 @@ async def test_a_reply_of_thinking_only_is_not_retried_five_times(
 async def test_a_cut_answer_is_still_read_when_its_fields_are_there(fake: Any) -> None:
     cut = '{"rational": "r", "evidence": "Water boils at 100 C.", "summary": "Boil'
     fake.script(vllm_reasoning_parser(cut, THOUGHT, "length"))
-    outcome = await vt._extract(page(), "g", valves(fake))
+    outcome = await extract(page(), "g", valves(fake))
     assert outcome.kind == "extracted"
     assert outcome.evidence == "Water boils at 100 C."
 
@@ -312,19 +323,14 @@ async def test_a_cut_answer_is_still_read_when_its_fields_are_there(fake: Any) -
 # -- the user sees the fallback -------------------------------------------------------
 
 
-class Events(list):
-    def descriptions(self) -> list[str]:
-        return [e["data"]["description"] for e in self if e["type"] == "status"]
-
-
 async def test_the_status_says_when_extraction_falls_back(fake: Any) -> None:
     fake.respond_with(lambda body: BUDGET_EATEN["reasoning_content"])
     events = Events()
-    tool = vt.Tools()
+    visit = tool()
     with PageSite() as site:
-        tool.valves = valves(fake, ALLOW_PRIVATE_URLS=True)
+        visit.valves = valves(fake, ALLOW_PRIVATE_URLS=True)
         url = site.url("/plain")
-        result = await tool.visit(url=[url], goal="g", __event_emitter__=events.append)
+        result = await visit.visit(url=[url], goal="g", __event_emitter__=events)
     assert "Plain facts" in result  # the page start is given
     fallback = [d for d in events.descriptions() if d.startswith("Could not extract")]
     assert fallback == [
@@ -338,12 +344,10 @@ async def test_the_status_says_when_extraction_falls_back(fake: Any) -> None:
 async def test_no_fallback_status_when_extraction_works(fake: Any) -> None:
     fake.respond_with(lambda body: vllm_reasoning_parser(JSON, THOUGHT))
     events = Events()
-    tool = vt.Tools()
+    visit = tool()
     with PageSite() as site:
-        tool.valves = valves(fake, ALLOW_PRIVATE_URLS=True)
-        await tool.visit(
-            url=[site.url("/plain")], goal="g", __event_emitter__=events.append
-        )
+        visit.valves = valves(fake, ALLOW_PRIVATE_URLS=True)
+        await visit.visit(url=[site.url("/plain")], goal="g", __event_emitter__=events)
     assert not [d for d in events.descriptions() if d.startswith("Could not")]
 
 
@@ -353,7 +357,7 @@ async def test_a_cut_answer_without_its_fields_keeps_the_reference_retries(
     fake.respond_with(
         lambda body: vllm_reasoning_parser('{"rational": "The page', THOUGHT, "length")
     )
-    outcome = await vt._extract(page(), "g", valves(fake))
+    outcome = await extract(page(), "g", valves(fake))
     assert outcome.kind == "failed"  # the reference's failure text, after its tries
     assert len(fake.bodies) == 5
 

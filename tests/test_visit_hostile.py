@@ -7,7 +7,8 @@ are not text encodings. Each gets a clear answer within its page timeout; no
 thread of the server converts page content, no converter process is left
 behind, and page content never switches the converter processes off.
 
-The sites run on 127.0.0.1 over real HTTP; names are resolved by stubs. The
+The sites run on 127.0.0.1 over real HTTP; names are resolved by stubs, and
+each test converts with a converter of its own (the tool's seams). The
 worst event-loop stall over these inputs is measured by benchmarks/hostile.py
 (timings are not asserted here beyond bounds many times the budget).
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import inspect
 import os
 import socket
 import sys
@@ -27,9 +27,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-import tests.test_visit_convert as convert_tests
+from tests.fakes.events import Events
 from tests.fakes.hostile import (
     HOSTILE_UNITS,
     empty_deflate_blocks,
@@ -44,6 +45,7 @@ from tests.fakes.pages import (
     FakeResolver,
     load_visit_tool,
 )
+from tests.fakes.visit_seams import ConverterWatch, CountingTransport, client_over
 
 vt = load_visit_tool("visit_tool_hostile_tests")
 
@@ -112,26 +114,23 @@ def site(junk_sent: list[int]) -> Iterator[LocalServer]:
         yield server
 
 
-@pytest.fixture(autouse=True)
-async def _fresh_state(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
-    monkeypatch.setattr(vt._CONVERTER, "start_failures", 0)
-    monkeypatch.setattr(vt._CONVERTER, "disabled_until", 0.0)
-    vt._PAGE_CACHE.clear()
-    yield
-    vt._PAGE_CACHE.clear()
-    await vt._stop_idle_workers()
+@pytest.fixture
+def watch() -> ConverterWatch:
+    """Records the workers the test's converter starts and its thread pages."""
+    return ConverterWatch(vt)
 
 
-class Events(list):
-    async def __call__(self, event: dict) -> None:
-        self.append(event)
+@pytest.fixture
+async def converter(watch: ConverterWatch) -> AsyncIterator[Any]:
+    """The test's own converter; its warm workers are stopped at the end."""
+    made = watch.converter()
+    yield made
+    await vt._stop_idle_workers(made)
 
-    def descriptions(self) -> str:
-        return "\n".join(e["data"].get("description", "") for e in self)
 
-
-def make_tool(**valves: Any) -> Any:
-    tool = vt.Tools()
+def make_tool(seams: Any = None, **valves: Any) -> Any:
+    """A tool reading loopback pages with the built-in fetcher."""
+    tool = vt.Tools(seams=seams)
     tool.valves = tool.Valves(ALLOW_PRIVATE_URLS=True, PAGE_LOADER="builtin", **valves)
     return tool
 
@@ -151,8 +150,8 @@ def child_pids() -> set[int]:
     return found
 
 
-def idle_worker_pids() -> set[int]:
-    return {worker.process.pid for worker in vt._CONVERTER.idle}
+def idle_worker_pids(converter: Any) -> set[int]:
+    return {worker.process.pid for worker in converter.idle}
 
 
 def threads_busy_with_pages() -> list[str]:
@@ -179,18 +178,15 @@ def threads_busy_with_pages() -> list[str]:
 @needs_proc
 @pytest.mark.parametrize("name", sorted(HOSTILE_UNITS))
 async def test_a_hostile_page_costs_its_timeout_at_most_and_leaves_nothing(
-    name: str, site: LocalServer, monkeypatch: pytest.MonkeyPatch
+    name: str, site: LocalServer, converter: Any, watch: ConverterWatch
 ) -> None:
-    tool = make_tool(PAGE_TIMEOUT_SECONDS=PAGE_TIMEOUT, URL_TIMEOUT_SECONDS=120)
+    tool = make_tool(
+        vt._Seams(converter=converter),
+        PAGE_TIMEOUT_SECONDS=PAGE_TIMEOUT,
+        URL_TIMEOUT_SECONDS=120,
+    )
     await tool.visit(url=[site.url("/fine")], goal="warm up")  # TLS context, worker
-    workers: list[int] = []
-    original = vt._run_job
-
-    async def job(worker: Any, raw: Any, max_tokens: int) -> Any:
-        workers.append(worker.process.pid)
-        return await original(worker, raw, max_tokens)
-
-    monkeypatch.setattr(vt, "_run_job", job)
+    (warm,) = converter.idle  # the worker the hostile page goes to
     threads_before = threading.active_count()
     children_before = child_pids()
     events = Events()
@@ -202,39 +198,47 @@ async def test_a_hostile_page_costs_its_timeout_at_most_and_leaves_nothing(
 
     assert elapsed < ANSWER_BOUND
     read = vt.FAILURE_EVIDENCE not in result
-    assert read or f"{hostile_path(name)}: timed out" in events.descriptions()
-    assert workers and os.getpid() not in workers  # converted in a child process
+    url = site.url(hostile_path(name))
+    assert read or f"Could not read {url}: timed out" in events.descriptions()
+    assert watch.threaded == []  # converted in a child process
+    assert watch.pids() == [warm.process.pid]  # the warm one: no other started
     assert threads_busy_with_pages() == []  # no thread goes on converting
     assert threading.active_count() == threads_before
     left = child_pids() - children_before
-    assert left <= idle_worker_pids()  # only warm, idle workers remain
+    assert left <= idle_worker_pids(converter)  # only warm, idle workers remain
     if not read:  # the worker was stopped at the deadline: killed and reaped
-        assert workers[-1] not in child_pids()
-    assert vt._CONVERTER.usable()
-    assert vt._CONVERTER.start_failures == 0
+        assert warm.process.pid not in child_pids()
+        assert converter.idle == []
+    assert converter.usable()
+    assert converter.start_failures == 0
 
 
 @needs_proc
 async def test_hostile_pages_at_once_never_switch_the_workers_off(
-    site: LocalServer,
+    site: LocalServer, converter: Any, watch: ConverterWatch
 ) -> None:
     children_before = child_pids()
     urls = [site.url(hostile_path(name)) for name in sorted(HOSTILE_UNITS)]
     tool = make_tool(
-        PAGE_TIMEOUT_SECONDS=PAGE_TIMEOUT, MAX_URLS_PER_CALL=10, CONCURRENT_URLS=10
+        vt._Seams(converter=converter),
+        PAGE_TIMEOUT_SECONDS=PAGE_TIMEOUT,
+        MAX_URLS_PER_CALL=10,
+        CONCURRENT_URLS=10,
     )
     for _ in range(2):  # every slow page kills its worker, twice over
         started = time.monotonic()
         await tool.visit(url=urls, goal="g")
         assert time.monotonic() - started < ANSWER_BOUND
-    assert vt._CONVERTER.usable()
-    assert vt._CONVERTER.start_failures == 0
-    assert child_pids() - children_before <= idle_worker_pids()
-    assert len(idle_worker_pids()) <= vt._CONVERTER.max_idle
+    assert converter.usable()
+    assert converter.start_failures == 0
+    assert watch.threaded == []
+    assert child_pids() - children_before <= idle_worker_pids(converter)
+    assert len(idle_worker_pids(converter)) <= converter.max_idle
     page = await vt._convert_page(
-        vt._RawPage("https://s.example/a", ARTICLE, "text/html"), 2000
+        vt._RawPage("https://s.example/a", ARTICLE, "text/html"), 2000, converter
     )
     assert "# Solar panel efficiency in 2024" in page.text
+    assert watch.threaded == []
 
 
 # -- without a worker process: a linear reader with hard caps ----------------------
@@ -255,113 +259,82 @@ async def test_the_fallback_reads_a_hostile_page_of_the_download_cap(
 
 
 async def test_without_a_worker_pages_go_to_the_budgeted_converter(
-    monkeypatch: pytest.MonkeyPatch,
+    watch: ConverterWatch,
 ) -> None:
-    monkeypatch.setattr(vt._CONVERTER, "program", "")
-    threads: list[threading.Thread] = []
-    original = vt._convert_budgeted
-
-    def spy(raw: Any, max_tokens: int) -> Any:
-        threads.append(threading.current_thread())
-        return original(raw, max_tokens)
-
-    monkeypatch.setattr(vt, "_convert_budgeted", spy)
+    converter = watch.converter("")  # no program: no worker can run
     raw = vt._RawPage("https://s.example/a", ARTICLE, "text/html")
-    page = await vt._convert_page(raw, 2000)
+    page = await vt._convert_page(raw, 2000, converter)
+    assert page == vt._convert_budgeted(raw, 2000)
     assert page == vt._convert(raw, 2000)  # the same text as the HTML parser's
-    assert threads and threads[0] is not threading.main_thread()
-
-
-# The HTML tests of test_visit_convert.py (those without parameters).
-_HTML_TESTS = sorted(
-    name
-    for name, test in inspect.getmembers(convert_tests, inspect.isfunction)
-    if name.startswith("test_")
-    and not inspect.signature(test).parameters
-    and (
-        "html_text(" in inspect.getsource(test)
-        or "_html_to_text(" in inspect.getsource(test)
-    )
-)
-
-
-@pytest.mark.parametrize("test_name", _HTML_TESTS)
-def test_the_fallback_reader_passes_the_html_tests(
-    test_name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(convert_tests.vt, "_html_to_text", vt._html_to_text_linear)
-    getattr(convert_tests, test_name)()
+    assert (watch.threaded, watch.spawned) == ([raw.final_url], [])
 
 
 # -- compressed bodies ---------------------------------------------------------------
 
 
 @pytest.fixture
-def fed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Bytes the body reader took from the wire (what reached the decoder)."""
-    seen = [0]
-    original = vt._BoundedDecoder.feed
-
-    def feed(self: Any, data: bytes, limit: int) -> bytes:
-        seen[0] += len(data)
-        return original(self, data, limit)
-
-    monkeypatch.setattr(vt._BoundedDecoder, "feed", feed)
-    return seen
+def wire() -> CountingTransport:
+    """Real HTTP, counting the body bytes taken from the wire (what was decoded)."""
+    return CountingTransport()
 
 
-async def read_body(url: str, cap: int) -> tuple[bytes, bool]:
-    client = vt._http_client(await vt._ssl_context(True), 30.0)
+async def read_body(url: str, cap: int, wire: CountingTransport) -> tuple[bytes, bool]:
+    """The body as the tool reads it, with `cap`; `wire` counts what it took."""
+    client = httpx.AsyncClient(transport=wire, trust_env=False)
     async with client, client.stream("GET", url) as response:
         return await vt._read_capped(response, cap)
 
 
 async def test_junk_after_a_gzip_stream_is_not_read(
-    site: LocalServer, fed: list[int]
+    site: LocalServer, wire: CountingTransport
 ) -> None:
-    body, cut = await read_body(site.url("/gzip-then-junk"), 64_000_000)
+    body, cut = await read_body(site.url("/gzip-then-junk"), 64_000_000, wire)
     assert (body, cut) == (ARTICLE, False)
-    assert fed[0] < 1_000_000  # not the 37 MB behind it
+    assert wire.received < 1_000_000  # not the 37 MB behind it
 
 
 async def test_a_page_with_junk_after_its_gzip_stream_is_read(
-    site: LocalServer, fed: list[int]
+    site: LocalServer, wire: CountingTransport, converter: Any
 ) -> None:
-    result = await make_tool(MAX_DOWNLOAD_BYTES=64_000_000).visit(
-        url=[site.url("/gzip-then-junk")], goal="g"
-    )
+    seams = vt._Seams(http_client=client_over(wire), converter=converter)
+    tool = make_tool(seams, MAX_DOWNLOAD_BYTES=64_000_000)
+    result = await tool.visit(url=[site.url("/gzip-then-junk")], goal="g")
     assert "# Solar panel efficiency in 2024" in result
-    assert fed[0] < 1_000_000
+    assert 0 < wire.received < 1_000_000
 
 
 async def test_junk_after_a_deflate_stream_is_not_read(
-    site: LocalServer, fed: list[int]
+    site: LocalServer, wire: CountingTransport
 ) -> None:
-    body, cut = await read_body(site.url("/deflate-then-junk"), 10_000_000)
+    body, cut = await read_body(site.url("/deflate-then-junk"), 10_000_000, wire)
     assert (body, cut) == (ARTICLE, False)
-    assert fed[0] < 1_000_000  # not the 8 MB behind it
+    assert wire.received < 1_000_000  # not the 8 MB behind it
 
 
-async def test_gzip_members_are_read_one_after_another(site: LocalServer) -> None:
-    body, cut = await read_body(site.url("/gzip-members"), 10_000)
+async def test_gzip_members_are_read_one_after_another(
+    site: LocalServer, wire: CountingTransport
+) -> None:
+    body, cut = await read_body(site.url("/gzip-members"), 10_000, wire)
     assert (body, cut) == (b"<p>first part</p>second part", False)
 
 
-async def test_gzip_members_are_capped(site: LocalServer) -> None:
-    body, cut = await read_body(site.url("/gzip-many-members"), 10_000_000)
+async def test_gzip_members_are_capped(
+    site: LocalServer, wire: CountingTransport
+) -> None:
+    body, cut = await read_body(site.url("/gzip-many-members"), 10_000_000, wire)
     count = vt._MAX_GZIP_MEMBERS
     assert body == b"".join(f"<p>member {n:03d}</p>".encode() for n in range(count))
     assert cut
 
 
 async def test_the_cap_counts_bytes_on_the_wire(
-    site: LocalServer, fed: list[int]
+    site: LocalServer, wire: CountingTransport
 ) -> None:
     cap = 200_000  # 5 MB on the wire inflate to 16 bytes
-    body, cut = await read_body(site.url("/empty-blocks"), cap)
+    body, cut = await read_body(site.url("/empty-blocks"), cap, wire)
     assert body == b"<p>tiny page</p>"
     assert cut
-    assert fed[0] < cap + 1_000_000  # one network chunk past the cap at most
+    assert wire.received < cap + 1_000_000  # one network chunk past the cap at most
 
 
 def test_gzip_members_split_anywhere_are_joined() -> None:
@@ -375,16 +348,19 @@ def test_gzip_members_split_anywhere_are_joined() -> None:
 # -- DNS counts against the page timeout --------------------------------------------
 
 
-async def test_a_resolver_that_never_answers_costs_the_page_timeout(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    async def never(host: str) -> list[str]:
-        await asyncio.sleep(3600)
-        return []
+async def never_answers(host: str) -> list[str]:
+    """A resolver that never answers."""
+    await asyncio.sleep(3600)
+    return []
 
-    monkeypatch.setattr(vt, "_resolve", never)
+
+async def test_a_resolver_that_never_answers_costs_the_page_timeout() -> None:
     events = Events()
-    tool = make_tool(PAGE_TIMEOUT_SECONDS=0.5, URL_TIMEOUT_SECONDS=60)
+    tool = make_tool(
+        vt._Seams(resolve=never_answers),
+        PAGE_TIMEOUT_SECONDS=0.5,
+        URL_TIMEOUT_SECONDS=60,
+    )
     started = time.monotonic()
     result = await tool.visit(
         url=["http://slow-dns.example/"], goal="g", __event_emitter__=events
@@ -394,15 +370,11 @@ async def test_a_resolver_that_never_answers_costs_the_page_timeout(
     assert "Could not read http://slow-dns.example/: timed out" in events.descriptions()
 
 
-async def test_a_lookup_has_a_limit_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    async def never(host: str) -> list[str]:
-        await asyncio.sleep(3600)
-        return []
-
-    monkeypatch.setattr(vt, "_resolve", never)
-    monkeypatch.setattr(vt, "_DNS_TIMEOUT_SECONDS", 0.2)
+async def test_a_lookup_has_a_limit_of_its_own() -> None:
     with pytest.raises(vt._RefusedError, match=r"slow\.example \(DNS timed out\)"):
-        await vt._check_url("http://slow.example/", False)
+        await vt._check_url(
+            "http://slow.example/", False, resolve=never_answers, dns_timeout=0.2
+        )
 
 
 async def test_lookups_run_on_threads_of_their_own(
@@ -431,13 +403,14 @@ async def test_lookups_run_on_threads_of_their_own(
 
 
 async def test_a_fast_resolver_still_reads_the_page(
-    site: LocalServer, monkeypatch: pytest.MonkeyPatch
+    site: LocalServer, converter: Any
 ) -> None:
-    monkeypatch.setattr(vt, "_resolve", FakeResolver({"site.example": ["127.0.0.1"]}))
-    tool = make_tool()
+    resolver = FakeResolver({"site.example": ["127.0.0.1"]})
+    tool = make_tool(vt._Seams(resolve=resolver, converter=converter))
     url = site.url("/fine").replace("127.0.0.1", "site.example")
     result = await tool.visit(url=[url], goal="g")
     assert "# Solar panel efficiency in 2024" in result
+    assert resolver.calls == ["site.example"]
 
 
 # -- charsets that are not text encodings --------------------------------------------
@@ -458,13 +431,17 @@ def test_a_charset_that_is_not_a_text_encoding_reads_as_utf8(
     assert page.text == "café ok"
 
 
-async def test_bad_charsets_never_break_a_worker() -> None:
+async def test_bad_charsets_never_break_a_worker(
+    converter: Any, watch: ConverterWatch
+) -> None:
     pids: set[int] = set()
     for name in NOT_TEXT_CODECS:
         body = f'<meta charset="{name}"><p>café ok</p>'.encode()
         raw = vt._RawPage("https://s.example/", body, "text/html")
-        page = await vt._convert_page(raw, 1000)
+        page = await vt._convert_page(raw, 1000, converter)
         assert page.text == "café ok"
-        pids |= idle_worker_pids()
+        pids |= idle_worker_pids(converter)
     assert len(pids) == 1  # one worker read them all
-    assert vt._CONVERTER.start_failures == 0
+    assert len(watch.spawned) == 1
+    assert watch.threaded == []
+    assert converter.start_failures == 0

@@ -374,16 +374,20 @@ async def test_the_status_line_and_source_card_show_what_was_kept() -> None:
     ],
 )
 async def test_what_open_webuis_loader_returns_is_read_and_labelled(
-    returned: str, reading: str, kept_starts: str, monkeypatch: pytest.MonkeyPatch
+    returned: str, reading: str, kept_starts: str
 ) -> None:
     async def get_content_from_url(
         request: Any, url: str, *, config: dict | None = None
     ) -> tuple[str, list]:
         return returned, []
 
-    monkeypatch.setattr(vt, "_openwebui_content_loader", lambda: get_content_from_url)
     valves = vt.Tools.Valves(PAGE_LOADER="openwebui", ALLOW_PRIVATE_URLS=True)
-    page = await vt._load_with_openwebui(object(), "https://n.example/a", valves)
+    page = await vt._load_with_openwebui(
+        object(),
+        "https://n.example/a",
+        valves,
+        find_loader=lambda: get_content_from_url,
+    )
     assert page is not None
     assert page.reading == reading
     assert vt._kept_note(page).startswith(kept_starts)

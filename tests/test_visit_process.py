@@ -1,7 +1,7 @@
 """Every page is converted in a worker process, never in the server.
 
-The worker runs the convert section of visit_tool.py, copied from the file while
-the module is imported, and stays warm for the next page. These tests check
+The worker runs the convert module, written into visit_tool.py as a string
+(`_CONVERT_SOURCE`), and stays warm for the next page. These tests check
 that it gives exactly what the in-process conversion gives, that it needs
 neither the package nor the file afterwards (Open WebUI deletes it), and that a
 worker that cannot start, breaks, is killed, hangs or is cancelled never leaves
@@ -9,7 +9,10 @@ a process behind nor hides a page: a worker that cannot start falls back to the
 budgeted converter in a thread; one that breaks on a page reports a clear
 reason, and page content never switches the workers off.
 
-Child processes are counted in /proc (Linux), zombies included.
+Each test converts with a converter of its own (`_ConverterState`, passed to
+`_convert_page` or as the tool's seam) that records the workers it starts and
+the pages it converts in a thread. Child processes are counted in /proc
+(Linux), zombies included.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ import ast
 import asyncio
 import builtins
 import dis
+import functools
 import importlib.util
+import inspect
 import os
 import sys
 import threading
 import types
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +44,7 @@ from tests.fakes.pages import (
     load_visit_tool,
     make_pdf,
 )
+from tests.fakes.visit_seams import Clock, ConverterWatch
 
 vt = load_visit_tool("visit_tool_process_tests")
 
@@ -110,41 +116,51 @@ async def wait_for_children(count: int, before: set[int]) -> set[int]:
     raise AssertionError(f"{count} child process(es) never started")
 
 
-@pytest.fixture(autouse=True)
-async def _fresh_state(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
-    await vt._stop_idle_workers()  # each test starts its own workers
-    monkeypatch.setattr(vt._CONVERTER, "start_failures", 0)
-    monkeypatch.setattr(vt._CONVERTER, "disabled_until", 0.0)
-    vt._PAGE_CACHE.clear()
-    yield
-    vt._PAGE_CACHE.clear()
-    await vt._stop_idle_workers()
+@pytest.fixture
+def watch() -> ConverterWatch:
+    """Records the workers the test's converters start and their thread pages."""
+    return ConverterWatch(vt)
 
 
 @pytest.fixture
-def child_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Records the final URL of every conversion handed to a child."""
-    runs: list[str] = []
-    original = vt._convert_in_child
+async def converters(watch: ConverterWatch) -> AsyncIterator[Callable[..., Any]]:
+    """Makes the test's converters; their warm workers are stopped at the end."""
+    made: list[Any] = []
 
-    async def spy(raw: Any, max_tokens: int) -> Any:
-        runs.append(raw.final_url)
-        return await original(raw, max_tokens)
+    def make(program: str | None = None, **fields: Any) -> Any:
+        made.append(watch.converter(program, **fields))
+        return made[-1]
 
-    monkeypatch.setattr(vt, "_convert_in_child", spy)
-    return runs
+    yield make
+    for converter in made:
+        await vt._stop_idle_workers(converter)
+
+
+@pytest.fixture
+def converter(converters: Callable[..., Any]) -> Any:
+    """A converter running the tool's own program."""
+    return converters()
+
+
+def tool_with(converter: Any, **valves: Any) -> Any:
+    """A visit tool that converts with `converter` and reads loopback pages."""
+    tool = vt.Tools(seams=vt._Seams(converter=converter, pages=vt._PageCache()))
+    tool.valves = tool.Valves(ALLOW_PRIVATE_URLS=True, **valves)
+    return tool
 
 
 # -- the child gives exactly what the thread gives -----------------------------------
 
 
 @pytest.mark.parametrize("name", sorted(DOCUMENTS))
-async def test_child_result_equals_the_in_thread_conversion(name: str) -> None:
+async def test_child_result_equals_the_in_thread_conversion(
+    name: str, converter: Any
+) -> None:
     raw = DOCUMENTS[name]
     expected = vt._convert(raw, 2000)
-    page = await vt._convert_in_child(raw, 2000)
+    page = await vt._convert_in_child(raw, 2000, converter)
     assert page == expected
-    assert vt._CONVERTER.start_failures == 0
+    assert converter.start_failures == 0
 
 
 @pytest.mark.parametrize(
@@ -157,14 +173,14 @@ async def test_child_result_equals_the_in_thread_conversion(name: str) -> None:
     ],
 )
 async def test_child_page_errors_are_the_same_page_errors(
-    raw: Any, reason: str
+    raw: Any, reason: str, converter: Any
 ) -> None:
     with pytest.raises(vt._PageError) as in_thread:
         vt._convert(raw, 1000)
     with pytest.raises(vt._PageError, match=reason) as in_child:
-        await vt._convert_in_child(raw, 1000)
+        await vt._convert_in_child(raw, 1000, converter)
     assert str(in_child.value) == str(in_thread.value)
-    assert vt._CONVERTER.start_failures == 0  # a bad page is not a broken child
+    assert converter.start_failures == 0  # a bad page is not a broken child
 
 
 def test_the_child_program_is_the_convert_section_alone() -> None:
@@ -210,111 +226,118 @@ def test_the_child_program_defines_every_name_it_uses() -> None:
 # -- which documents go to a child ---------------------------------------------------
 
 
-async def test_every_page_goes_to_one_warm_child(child_runs: list[str]) -> None:
-    pids: set[int] = set()
-    original = vt._run_job
-
-    async def spy(worker: Any, raw: Any, max_tokens: int) -> Any:
-        pids.add(worker.process.pid)
-        return await original(worker, raw, max_tokens)
-
+async def test_every_page_goes_to_one_warm_child(
+    converter: Any, watch: ConverterWatch
+) -> None:
     pages = [DOCUMENTS[name] for name in sorted(DOCUMENTS)]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(vt, "_run_job", spy)
-        for raw in pages:  # small HTML and plain text too: no size threshold
-            assert await vt._convert_page(raw, 2000) == vt._convert(raw, 2000)
-    assert child_runs == [raw.final_url for raw in pages]
-    assert len(pids) == 1  # one worker, reused page after page
-    assert os.getpid() not in pids
+    for raw in pages:  # small HTML and plain text too: no size threshold
+        assert await vt._convert_page(raw, 2000, converter) == vt._convert(raw, 2000)
+    assert watch.threaded == []  # every page went to a worker
+    assert len(watch.spawned) == 1  # one worker, reused page after page
+    assert [worker.process for worker in converter.idle] == watch.spawned
+    assert os.getpid() not in watch.pids()
 
 
 async def test_a_pdf_cut_by_the_download_limit_needs_no_child(
-    child_runs: list[str],
+    converter: Any, watch: ConverterWatch
 ) -> None:
     raw = vt._RawPage("https://s.example/c.pdf", PDF, "application/pdf", True)
     with pytest.raises(vt._PageError, match="larger than the download limit"):
-        await vt._convert_page(raw, 1000)
-    assert child_runs == []
+        await vt._convert_page(raw, 1000, converter)
+    assert (watch.spawned, watch.threaded) == ([], [])
 
 
-async def test_the_tool_reads_a_pdf_through_a_child(child_runs: list[str]) -> None:
+async def test_the_tool_reads_a_pdf_through_a_child(
+    converter: Any, watch: ConverterWatch
+) -> None:
     with PageSite() as site, FakeOpenAI() as extractor:
-        tool = vt.Tools()
-        tool.valves = tool.Valves(ALLOW_PRIVATE_URLS=True)
-        result = await tool.visit(url=[site.url("/pdf")], goal="g")
+        result = await tool_with(converter).visit(url=[site.url("/pdf")], goal="g")
         assert extractor.requests == []  # no extractor configured: an excerpt
     assert "--- Page 1 ---\nPhotosynthesis converts light" in result
-    assert child_runs == [site.url("/pdf")]
+    assert len(watch.spawned) == 1
+    assert watch.threaded == []
 
 
 # -- when the child cannot do it ----------------------------------------------------
 
 
 async def test_no_python_to_start_falls_back_to_a_thread(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    converter: Any,
+    watch: ConverterWatch,
 ) -> None:
     monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
     raw = DOCUMENTS["pdf"]
-    assert await vt._convert_in_child(raw, 2000) is None
-    assert await vt._convert_page(raw, 2000) == vt._convert(raw, 2000)
-    assert vt._CONVERTER.start_failures == 0  # may be passing: try again next time
+    assert await vt._convert_in_child(raw, 2000, converter) is None
+    assert await vt._convert_page(raw, 2000, converter) == vt._convert(raw, 2000)
+    assert watch.threaded == [raw.final_url]
+    assert converter.start_failures == 0  # may be passing: try again next time
 
 
 @pytest.mark.parametrize("program", [BROKEN, GARBLED])
 async def test_a_broken_child_falls_back_then_stops_being_tried(
-    program: str, monkeypatch: pytest.MonkeyPatch, child_runs: list[str]
+    program: str, converters: Callable[..., Any], watch: ConverterWatch
 ) -> None:
-    monkeypatch.setattr(vt._CONVERTER, "program", program)
+    clock = Clock()
+    converter = converters(program, clock=clock)
     raw = DOCUMENTS["pdf"]
     expected = vt._convert(raw, 2000)
     for _ in range(vt._MAX_START_FAILURES + 2):
-        assert await vt._convert_page(raw, 2000) == expected
-    assert len(child_runs) == vt._MAX_START_FAILURES
-    # Not for ever: after a while a worker is tried again.
-    monkeypatch.setattr(vt._CONVERTER, "disabled_until", 0.0)
-    assert await vt._convert_page(raw, 2000) == expected
-    assert len(child_runs) == vt._MAX_START_FAILURES + 1
+        assert await vt._convert_page(raw, 2000, converter) == expected
+    assert len(watch.spawned) == vt._MAX_START_FAILURES
+    assert len(watch.threaded) == vt._MAX_START_FAILURES + 2
+    # Not for ever: once the retry time has passed, a worker is tried again.
+    clock.now += vt._START_RETRY_SECONDS
+    assert await vt._convert_page(raw, 2000, converter) == expected
+    assert len(watch.spawned) == vt._MAX_START_FAILURES + 1
 
 
 @needs_proc
 async def test_a_child_killed_before_it_is_ready_is_a_start_failure(
-    monkeypatch: pytest.MonkeyPatch, child_runs: list[str]
+    converters: Callable[..., Any], watch: ConverterWatch
 ) -> None:
-    monkeypatch.setattr(vt._CONVERTER, "program", KILLED)
+    converter = converters(KILLED)
     before = child_pids()
     raw = DOCUMENTS["pdf"]
-    assert await vt._convert_page(raw, 2000) == vt._convert(raw, 2000)
-    assert vt._CONVERTER.start_failures == 1
+    assert await vt._convert_page(raw, 2000, converter) == vt._convert(raw, 2000)
+    assert converter.start_failures == 1
+    assert watch.threaded == [raw.final_url]
     assert child_pids() - before == set()
 
 
 @needs_proc
 async def test_a_child_killed_on_a_page_is_reported_never_switched_off(
-    monkeypatch: pytest.MonkeyPatch, child_runs: list[str]
+    converters: Callable[..., Any], watch: ConverterWatch
 ) -> None:
-    monkeypatch.setattr(vt._CONVERTER, "program", KILLED_ON_PAGE)
-    threads: list[str] = []
-    monkeypatch.setattr(vt, "_convert", lambda *args: threads.append("ran"))
+    converter = converters(KILLED_ON_PAGE)
     before = child_pids()
     for _ in range(vt._MAX_START_FAILURES + 2):  # pages can kill it, any number
         with pytest.raises(vt._PageError, match="its converter was stopped"):
-            await vt._convert_page(DOCUMENTS["pdf"], 2000)
-    assert threads == []  # never retried inside the server
-    assert len(child_runs) == vt._MAX_START_FAILURES + 2
-    assert vt._CONVERTER.usable()
-    assert vt._CONVERTER.start_failures == 0
+            await vt._convert_page(DOCUMENTS["pdf"], 2000, converter)
+    assert watch.threaded == []  # never retried inside the server
+    assert len(watch.spawned) == vt._MAX_START_FAILURES + 2
+    assert converter.usable()
+    assert converter.start_failures == 0
     assert child_pids() - before == set()
 
 
-async def test_a_module_without_a_file_converts_in_threads() -> None:
+async def test_a_module_without_a_file_converts_in_a_child() -> None:
     namespace: dict[str, Any] = {"__name__": "visit_without_file"}
     source = VISIT_TOOL_PATH.read_text(encoding="utf-8")
     code = compile(source, "<tool>", "exec", dont_inherit=True)  # no __future__
     exec(code, namespace)  # noqa: S102  (how some loaders run a tool)
-    assert namespace["_CONVERTER"].program == ""
+    # The program is a string in the module: no file is needed to start a worker.
+    converter = namespace["_CONVERTER"]
+    assert converter.program == namespace["_CONVERT_SOURCE"]
+    assert converter.usable()
     raw = DOCUMENTS["pdf"]
     expected = vt._convert(raw, 2000)
-    page = await namespace["_convert_page"](raw, 2000)
+    try:
+        page = await namespace["_convert_in_child"](raw, 2000)
+    finally:
+        await namespace["_stop_idle_workers"]()
+    assert page is not None  # None: no worker could start
     assert (page.title, page.text) == (expected.title, expected.text)
 
 
@@ -342,9 +365,9 @@ async def test_the_child_works_after_the_tool_file_is_deleted(tmp_path: Path) ->
 
 @needs_proc
 async def test_a_hung_child_is_killed_at_the_page_timeout(
-    monkeypatch: pytest.MonkeyPatch,
+    converters: Callable[..., Any],
 ) -> None:
-    monkeypatch.setattr(vt._CONVERTER, "program", HUNG)
+    converter = converters(HUNG)
     before = child_pids()
     statuses: list[str] = []
 
@@ -352,24 +375,23 @@ async def test_a_hung_child_is_killed_at_the_page_timeout(
         statuses.append(event["data"].get("description", ""))
 
     with PageSite() as site:
-        tool = vt.Tools()
-        tool.valves = tool.Valves(ALLOW_PRIVATE_URLS=True, PAGE_TIMEOUT_SECONDS=1.5)
+        tool = tool_with(converter, PAGE_TIMEOUT_SECONDS=1.5)
         result = await tool.visit(
             url=[site.url("/pdf")], goal="g", __event_emitter__=emitter
         )
     assert vt.FAILURE_EVIDENCE in result
     assert f"Could not read {site.url('/pdf')}: timed out" in statuses
     assert child_pids() - before == set()
-    assert vt._CONVERTER.start_failures == 0  # too slow is not broken
+    assert converter.start_failures == 0  # too slow is not broken
 
 
 @needs_proc
 async def test_cancelling_a_conversion_kills_and_reaps_the_child(
-    monkeypatch: pytest.MonkeyPatch,
+    converters: Callable[..., Any],
 ) -> None:
-    monkeypatch.setattr(vt._CONVERTER, "program", HUNG)
+    converter = converters(HUNG)
     before = child_pids()
-    task = asyncio.create_task(vt._convert_page(DOCUMENTS["pdf"], 2000))
+    task = asyncio.create_task(vt._convert_page(DOCUMENTS["pdf"], 2000, converter))
     await wait_for_children(1, before)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -379,30 +401,20 @@ async def test_cancelling_a_conversion_kills_and_reaps_the_child(
 
 @needs_proc
 async def test_children_at_once_are_limited_per_event_loop(
-    monkeypatch: pytest.MonkeyPatch,
+    converters: Callable[..., Any], watch: ConverterWatch
 ) -> None:
-    monkeypatch.setattr(vt._CONVERTER, "program", HUNG)
-    monkeypatch.setattr(vt._CONVERTER, "max_children", 2)
-    monkeypatch.setattr(vt._CONVERTER, "slots", type(vt._CONVERTER.slots)())
+    converter = converters(HUNG, max_children=2)
     # Each conversion reaches the spawn in its first step unless the limit holds
     # it back: counting spawns needs no "wait and see if a third child shows up".
-    spawns: list[Any] = []
-    spawn = vt._spawn_worker
-
-    def counted_spawn() -> Any:
-        process = spawn()
-        spawns.append(process)
-        return process
-
-    monkeypatch.setattr(vt, "_spawn_worker", counted_spawn)
     before = child_pids()
     tasks = [
-        asyncio.create_task(vt._convert_page(DOCUMENTS["pdf"], 2000)) for _ in range(4)
+        asyncio.create_task(vt._convert_page(DOCUMENTS["pdf"], 2000, converter))
+        for _ in range(4)
     ]
     await wait_for_children(2, before)
     running = child_pids() - before
     waiting = [task for task in tasks if not task.done()]
-    spawned = len(spawns)
+    spawned = len(watch.spawned)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -412,19 +424,25 @@ async def test_children_at_once_are_limited_per_event_loop(
     assert child_pids() - before == set()
 
 
-def test_the_conversion_never_runs_on_the_event_loop_thread(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_conversion_never_runs_on_the_event_loop_thread() -> None:
     # With the child unavailable, the fallback still runs in a worker thread.
-    monkeypatch.setattr(vt._CONVERTER, "program", "")
-    threads: list[threading.Thread] = []
-    original = vt._convert
+    ran: list[tuple[str, threading.Thread]] = []
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        threads.append(threading.current_thread())
-        return original(*args, **kwargs)
+    async def to_thread(func: Callable[..., Any], *args: Any) -> Any:
+        def run() -> Any:
+            ran.append((func.__name__, threading.current_thread()))
+            return func(*args)
 
-    monkeypatch.setattr(vt, "_convert", spy)
-    asyncio.run(vt._convert_page(DOCUMENTS["pdf"], 2000))
-    assert threads
-    assert threads[0] is not threading.main_thread()
+        return await asyncio.to_thread(run)
+
+    in_thread = functools.partial(vt._convert_in_thread, run_in_thread=to_thread)
+    converter = vt._ConverterState("", in_thread=in_thread)
+    raw = DOCUMENTS["pdf"]
+    page = asyncio.run(vt._convert_page(raw, 2000, converter))
+    assert page == vt._convert_budgeted(raw, 2000)
+    assert [name for name, _thread in ran] == ["_convert_budgeted"]
+    assert ran[0][1] is not threading.main_thread()
+    # And what the tool runs it with, unless told otherwise: a worker thread.
+    defaults = inspect.signature(vt._convert_in_thread).parameters
+    assert defaults["run_in_thread"].default is asyncio.to_thread
+    assert vt._CONVERTER.in_thread is vt._convert_in_thread

@@ -1,13 +1,14 @@
 """SSRF safety of the visit tool.
 
 Every refused form is checked twice: by `_check_url` directly, and through the
-whole tool with a recording transport, a recording Open WebUI loader and a stub
-resolver in place, so a missing check shows up as a recorded request (no test
-ever sends a packet to a non-loopback address).
+whole tool given a recording transport, a recording Open WebUI loader and a
+stub resolver as its seams, so a missing check shows up as a recorded request
+(no test ever sends a packet to a non-loopback address).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -106,26 +107,39 @@ class RecordingLoader:
 
 
 @pytest.fixture
-def network(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Resolver stub, recording transport and recording Open WebUI loader."""
+def network() -> dict[str, Any]:
+    """Resolver stub, recording transport and recording Open WebUI loader.
+
+    `seams` holds them as the tool's seams (and a page cache of its own).
+    """
     resolver = FakeResolver(dict(RESOLVER_TABLE))
     transport = RoutingTransport()
     loader = RecordingLoader()
-    monkeypatch.setattr(vt, "_resolve", resolver)
-    monkeypatch.setattr(
-        vt,
-        "_http_client",
-        lambda verify, timeout: httpx.AsyncClient(transport=transport, timeout=timeout),
+    seams = vt._Seams(
+        resolve=resolver,
+        http_client=lambda verify, timeout: httpx.AsyncClient(
+            transport=transport, timeout=timeout
+        ),
+        find_loader=lambda: loader,
+        pages=vt._PageCache(),
     )
-    monkeypatch.setattr(vt, "_openwebui_content_loader", lambda: loader)
-    vt._PAGE_CACHE.clear()
-    return {"resolver": resolver, "transport": transport, "loader": loader}
+    return {
+        "resolver": resolver,
+        "transport": transport,
+        "loader": loader,
+        "seams": seams,
+    }
 
 
-def make_tool(**valves: Any) -> Any:
-    tool = vt.Tools()
+def make_tool(network: dict[str, Any], **valves: Any) -> Any:
+    tool = vt.Tools(seams=network["seams"])
     tool.valves = tool.Valves(**valves)
     return tool
+
+
+async def check_url(network: dict[str, Any], url: str, allow_private: bool) -> Any:
+    """`_check_url` with the stub resolver."""
+    return await vt._check_url(url, allow_private, resolve=network["resolver"])
 
 
 # -- _check_url -------------------------------------------------------------------
@@ -134,7 +148,7 @@ def make_tool(**valves: Any) -> Any:
 @pytest.mark.parametrize("url", REFUSED_URLS)
 async def test_check_url_refuses(url: str, network: dict[str, Any]) -> None:
     with pytest.raises(vt._RefusedError):
-        await vt._check_url(url, allow_private=False)
+        await check_url(network, url, allow_private=False)
 
 
 @pytest.mark.parametrize(
@@ -144,14 +158,14 @@ async def test_numeric_host_spellings_are_refused_before_any_lookup(
     host: str, network: dict[str, Any]
 ) -> None:
     with pytest.raises(vt._RefusedError, match="non-standard form"):
-        await vt._check_url(f"http://{host}/", allow_private=True)
+        await check_url(network, f"http://{host}/", allow_private=True)
     assert network["resolver"].calls == []
 
 
 async def test_check_url_accepts_a_public_name_and_pins_its_address(
     network: dict[str, Any],
 ) -> None:
-    target = await vt._check_url("HTTP://News.Example:8080/a/b?q=1#frag", False)
+    target = await check_url(network, "HTTP://News.Example:8080/a/b?q=1#frag", False)
     assert target.ip == FAKE_PUBLIC_IP
     assert target.host == "news.example"
     assert target.port == 8080
@@ -160,24 +174,24 @@ async def test_check_url_accepts_a_public_name_and_pins_its_address(
 
 
 async def test_check_url_accepts_public_ip_literals(network: dict[str, Any]) -> None:
-    assert (await vt._check_url("http://8.8.8.8/", False)).ip == "8.8.8.8"
-    v6 = await vt._check_url("https://[2606:4700:4700::1111]/", False)
+    assert (await check_url(network, "http://8.8.8.8/", False)).ip == "8.8.8.8"
+    v6 = await check_url(network, "https://[2606:4700:4700::1111]/", False)
     assert v6.ip == "2606:4700:4700::1111"
     assert v6.host_header == "[2606:4700:4700::1111]"
     # The IPv4 inside a mapped / NAT64 address decides.
-    assert (await vt._check_url("http://[::ffff:8.8.8.8]/", False)).ip
-    assert (await vt._check_url("http://[64:ff9b::808:808]/", False)).ip
+    assert (await check_url(network, "http://[::ffff:8.8.8.8]/", False)).ip
+    assert (await check_url(network, "http://[64:ff9b::808:808]/", False)).ip
     assert network["resolver"].calls == []  # literals are never looked up
 
 
 async def test_allow_private_urls_opens_private_addresses_only(
     network: dict[str, Any],
 ) -> None:
-    assert (await vt._check_url("http://10.0.0.1/x", True)).ip == "10.0.0.1"
-    assert (await vt._check_url("http://localhost/", True)).ip == "127.0.0.1"
+    assert (await check_url(network, "http://10.0.0.1/x", True)).ip == "10.0.0.1"
+    assert (await check_url(network, "http://localhost/", True)).ip == "127.0.0.1"
     for url in ("ftp://10.0.0.1/", "http://2130706433/", "http://a@10.0.0.1/"):
         with pytest.raises(vt._RefusedError):
-            await vt._check_url(url, True)
+            await check_url(network, url, True)
 
 
 @pytest.mark.parametrize(
@@ -208,7 +222,9 @@ async def test_visit_refused_urls_send_nothing(
     async def emit(event: dict) -> None:
         events.append(event)
 
-    tool = make_tool(EXTRACTOR_BASE_URL="http://127.0.0.1:9/v1", PAGE_LOADER=loader)
+    tool = make_tool(
+        network, EXTRACTOR_BASE_URL="http://127.0.0.1:9/v1", PAGE_LOADER=loader
+    )
     result = await tool.visit(
         url=[url], goal="g", __request__=object(), __event_emitter__=emit,
         __chat_id__="chat-safety",
@@ -227,7 +243,7 @@ async def test_public_name_is_fetched_from_the_checked_address(
     """The control case: the same setup lets a public page through, pinned."""
     with PageSite() as site:
         url = f"http://news.example:{site.port}/plain"
-        tool = make_tool(PAGE_LOADER="builtin")
+        tool = make_tool(network, PAGE_LOADER="builtin")
         result = await tool.visit(url=[url], goal="g")
     transport = network["transport"]
     assert "Plain facts: water boils at 100 C." in result
@@ -237,7 +253,7 @@ async def test_public_name_is_fetched_from_the_checked_address(
 
 
 async def test_dns_rebinding_cannot_redirect_the_connection(
-    network: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    network: dict[str, Any],
 ) -> None:
     """The name is resolved once; a second, private answer is never used."""
     calls: list[str] = []
@@ -246,9 +262,9 @@ async def test_dns_rebinding_cannot_redirect_the_connection(
         calls.append(host)
         return [FAKE_PUBLIC_IP] if len(calls) == 1 else ["127.0.0.1"]
 
-    monkeypatch.setattr(vt, "_resolve", rebinding)
+    network["seams"] = replace(network["seams"], resolve=rebinding)
     with PageSite() as site:
-        tool = make_tool(PAGE_LOADER="builtin")
+        tool = make_tool(network, PAGE_LOADER="builtin")
         result = await tool.visit(
             url=f"http://rebind.example:{site.port}/plain", goal="g"
         )
@@ -271,7 +287,7 @@ async def test_redirect_to_private_address_is_refused_at_the_hop(
     events: list[dict] = []
     with PageSite() as site:
         url = f"http://news.example:{site.port}{path}"
-        tool = make_tool(PAGE_LOADER="builtin")
+        tool = make_tool(network, PAGE_LOADER="builtin")
         result = await tool.visit(url=[url], goal="g", __event_emitter__=events.append)
         assert site.hits(path) == 1  # the first hop really was served
     transport = network["transport"]
@@ -284,7 +300,7 @@ async def test_redirect_to_private_address_is_refused_at_the_hop(
 
 
 async def test_https_connects_to_the_ip_with_sni_and_host_header(
-    network: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    network: dict[str, Any],
 ) -> None:
     seen: list[httpx.Request] = []
 
@@ -297,14 +313,15 @@ async def test_https_connects_to_the_ip_with_sni_and_host_header(
         )
 
     network["resolver"].table["secure.example"] = [FAKE_PUBLIC_IP]
-    monkeypatch.setattr(
-        vt,
-        "_http_client",
-        lambda verify, timeout: httpx.AsyncClient(
+    network["seams"] = replace(
+        network["seams"],
+        http_client=lambda verify, timeout: httpx.AsyncClient(
             transport=httpx.MockTransport(handler)
         ),
     )
-    result = await make_tool().visit(url="https://secure.example/page?x=1", goal="g")
+    result = await make_tool(network).visit(
+        url="https://secure.example/page?x=1", goal="g"
+    )
     assert "secure text" in result
     (request,) = seen
     assert request.url.host == FAKE_PUBLIC_IP
@@ -321,7 +338,7 @@ async def test_open_webui_refusal_is_final(network: dict[str, Any]) -> None:
     )
     with PageSite() as site:
         url = f"http://news.example:{site.port}/plain"
-        tool = make_tool(PAGE_LOADER="openwebui")
+        tool = make_tool(network, PAGE_LOADER="openwebui")
         result = await tool.visit(url=[url], goal="g", __request__=object())
     assert result == FAILURE_BLOCK.format(url=url)
     assert network["loader"].calls == [url]

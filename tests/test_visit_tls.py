@@ -3,16 +3,18 @@ the certificate against the real host name, and no call builds a new context.
 
 A real TLS server runs on 127.0.0.1 with a certificate from a throw-away CA; a
 stub resolver maps made-up names to 127.0.0.1, so nothing leaves the machine.
+The tool is given both as its seams, with TLS contexts of its own whose
+verifying one trusts that CA.
 """
 
 from __future__ import annotations
 
 import ssl
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.fakes.pages import (
@@ -41,27 +43,31 @@ def site(certificates: tuple[Path, Path, Path]) -> Iterator[TlsPageSite]:
         yield running
 
 
-@pytest.fixture(autouse=True)
-def _network(
-    monkeypatch: pytest.MonkeyPatch, certificates: tuple[Path, Path, Path]
-) -> None:
+@pytest.fixture
+def seams(certificates: tuple[Path, Path, Path]) -> Any:
+    """A stub resolver, and TLS contexts whose verifying one trusts the test CA."""
+    ca = str(certificates[0])
+
+    def create(verify: bool) -> ssl.SSLContext:
+        if verify:  # the test CA instead of the system's CAs
+            return ssl.create_default_context(cafile=ca)
+        return httpx.create_ssl_context(verify=False)
+
     resolver = FakeResolver({HOST: ["127.0.0.1"], "other.example": ["127.0.0.1"]})
-    monkeypatch.setattr(vt, "_resolve", resolver)
-    # The verifying context trusts the test CA (instead of the system's CAs).
-    trusting = ssl.create_default_context(cafile=str(certificates[0]))
-    monkeypatch.setitem(vt._SSL_CONTEXTS, True, trusting)
-    vt._PAGE_CACHE.clear()
+    return vt._Seams(resolve=resolver, tls=vt._TlsContexts(create))
 
 
-def make_tool(**valves: Any) -> Any:
-    tool = vt.Tools()
+def make_tool(seams: Any, **valves: Any) -> Any:
+    tool = vt.Tools(seams=seams)
     tool.valves = tool.Valves(ALLOW_PRIVATE_URLS=True, PAGE_LOADER="builtin", **valves)
     return tool
 
 
-async def test_pinned_https_sends_sni_and_the_host_header(site: TlsPageSite) -> None:
+async def test_pinned_https_sends_sni_and_the_host_header(
+    site: TlsPageSite, seams: Any
+) -> None:
     urls = [f"https://{HOST}:{site.port}/article", f"https://{HOST}:{site.port}/plain"]
-    result = await make_tool().visit(url=urls, goal="g")
+    result = await make_tool(seams).visit(url=urls, goal="g")
     assert "Modern panels reach 22.8% efficiency" in result
     assert "Plain facts: water boils at 100 C." in result
     assert site.server_names == [HOST, HOST]  # one handshake per page, real name
@@ -70,7 +76,7 @@ async def test_pinned_https_sends_sni_and_the_host_header(site: TlsPageSite) -> 
 
 
 async def test_the_certificate_is_still_checked_against_the_host_name(
-    site: TlsPageSite,
+    site: TlsPageSite, seams: Any
 ) -> None:
     url = f"https://other.example:{site.port}/article"
     statuses: list[str] = []
@@ -78,7 +84,9 @@ async def test_the_certificate_is_still_checked_against_the_host_name(
     async def emitter(event: dict) -> None:
         statuses.append(event["data"].get("description", ""))
 
-    result = await make_tool().visit(url=[url], goal="g", __event_emitter__=emitter)
+    result = await make_tool(seams).visit(
+        url=[url], goal="g", __event_emitter__=emitter
+    )
     assert vt.FAILURE_EVIDENCE in result
     assert f"Could not read {url}: network error (ConnectError)" in statuses
     assert site.server_names == ["other.example"]
@@ -86,22 +94,24 @@ async def test_the_certificate_is_still_checked_against_the_host_name(
 
 
 async def test_verify_ssl_off_reads_the_page_and_still_sends_sni(
-    site: TlsPageSite,
+    site: TlsPageSite, seams: Any
 ) -> None:
     url = f"https://other.example:{site.port}/article"
-    result = await make_tool(VERIFY_SSL=False).visit(url=[url], goal="g")
+    result = await make_tool(seams, VERIFY_SSL=False).visit(url=[url], goal="g")
     assert "Modern panels reach 22.8% efficiency" in result
     assert site.server_names == ["other.example"]
-    unverified = vt._SSL_CONTEXTS[False]
+    (unverified,) = seams.tls  # the only context this call needed
+    assert seams.tls[False] is unverified
     assert unverified.verify_mode == ssl.CERT_NONE
     assert unverified.check_hostname is False
 
 
 async def test_no_call_builds_a_tls_context(
-    site: TlsPageSite, monkeypatch: pytest.MonkeyPatch
+    site: TlsPageSite, seams: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = f"https://{HOST}:{site.port}/article"
-    await make_tool(VERIFY_SSL=False).visit(url=[url], goal="warm up")
+    for verify in (True, False):  # each context is built once, by a first call
+        await make_tool(seams, VERIFY_SSL=verify).visit(url=[url], goal="warm up")
     built: list[tuple[Any, ...]] = []
     original = ssl.SSLContext.__new__
 
@@ -112,30 +122,15 @@ async def test_no_call_builds_a_tls_context(
     # Every TLS context, verifying or not, is an ssl.SSLContext.
     monkeypatch.setattr(ssl.SSLContext, "__new__", staticmethod(counting))
     for verify in (True, False, True):
-        vt._PAGE_CACHE.clear()
-        result = await make_tool(VERIFY_SSL=verify).visit(url=[url], goal="g")
+        result = await make_tool(seams, VERIFY_SSL=verify).visit(url=[url], goal="g")
         assert "Modern panels reach" in result
     assert built == []
     ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     assert len(built) == 1  # the counter does count
 
 
-async def test_the_first_context_is_built_off_the_event_loop(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(vt, "_SSL_CONTEXTS", {})
-    threads: list[threading.Thread] = []
-    real = vt.httpx.create_ssl_context
-
-    def spy(*args: Any, **kwargs: Any) -> ssl.SSLContext:
-        threads.append(threading.current_thread())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(vt.httpx, "create_ssl_context", spy)
-    first = await vt._ssl_context(True)
-    assert await vt._ssl_context(True) is first
-    unverified = await vt._ssl_context(False)
-    assert unverified is not first
-    assert first.verify_mode == ssl.CERT_REQUIRED
-    assert len(threads) == 2
-    assert threading.main_thread() not in threads
+async def test_the_tool_uses_the_process_contexts_unless_given_others() -> None:
+    # Every call shares the process's contexts (`_ssl_context` builds each
+    # once, off the event loop: tests/test_tool_shared_snippets.py).
+    assert vt._Seams().tls is vt._SSL_CONTEXTS
+    assert isinstance(vt._SSL_CONTEXTS, vt._TlsContexts)

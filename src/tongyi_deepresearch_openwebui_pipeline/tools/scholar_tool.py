@@ -38,7 +38,7 @@ import ssl
 import threading
 import xml.etree.ElementTree as ET
 import zlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, NoReturn, TypeVar
@@ -50,8 +50,27 @@ from pydantic import BaseModel, Field
 
 log = logging.getLogger(__name__)
 
-# --- shared: search_common (made from tools/shared/search_common.py) ---
+# --- shared: events (made from tools/shared/events.py) ---
 Emitter = Callable[[dict], Awaitable[Any]]
+
+
+async def _send_event(emitter: Emitter | None, event: dict) -> None:
+    """Send an event; a broken emitter never breaks the tool (the UI is optional)."""
+    if emitter is None:
+        return
+    try:
+        sent = emitter(event)
+        if inspect.isawaitable(sent):
+            await sent
+    except Exception as exc:
+        log.debug("event emitter failed: %s", type(exc).__name__)
+
+
+# --- end shared: events ---
+
+
+# --- shared: search_common (made from tools/shared/search_common.py) ---
+Made = TypeVar("Made")
 
 
 SEPARATOR = "\n=======\n"
@@ -103,77 +122,361 @@ def _score(result: dict) -> float:
 
 async def _emit(emitter: Emitter | None, **data: Any) -> None:
     """Send a status event; a failing emitter never stops the search."""
-    if emitter is None:
-        return
-    try:
-        sent = emitter({"type": "status", "data": data})
-        if inspect.isawaitable(sent):
-            await sent
-    except Exception as exc:  # the UI is optional
-        log.debug("status event failed: %s", type(exc).__name__)
+    await _send_event(emitter, {"type": "status", "data": data})
 
 
-def _import_openwebui() -> SimpleNamespace | None:
-    """Open WebUI's search pieces, or None outside Open WebUI (the test seam)."""
-    try:
-        from open_webui.routers import retrieval  # noqa: PLC0415
-    except ImportError:
+def _ranked(results: list) -> list[dict]:
+    """The results that are objects, best SearXNG score first (as Open WebUI)."""
+    return sorted((r for r in results if isinstance(r, dict)), key=_score, reverse=True)
+
+
+def _normalise_queries(query: Any) -> list[str] | None:
+    """Distinct, stripped queries in input order; None when the input is invalid."""
+    if isinstance(query, str):
+        query = [query]
+    if not isinstance(query, list) or not all(isinstance(q, str) for q in query):
         return None
-    try:
-        from open_webui.models.config import Config  # noqa: PLC0415  (0.11+)
-    except ImportError:
-        Config = None  # noqa: N806
-    try:
-        from open_webui.models.users import UserModel  # noqa: PLC0415
-    except ImportError:
-        UserModel = None  # noqa: N806
-    return SimpleNamespace(
-        search_web=retrieval.search_web,
-        config_store=Config,
-        user_model=UserModel,
-        config_keys=getattr(retrieval, "RETRIEVAL_CONFIG_KEYS", None),
+    return list(dict.fromkeys(q.strip() for q in query if q.strip())) or None
+
+
+def _skipped_note(skipped: list[str], limit: int) -> str:
+    """Model-facing note naming the queries that were over the per-call limit."""
+    names = ", ".join(f"'{q}'" for q in skipped)
+    return (
+        f"\n\nNote: only the first {limit} queries of this call were searched "
+        f"(limit per call). Not searched: {names}. "
+        "Call the tool again with these queries if you still need them."
     )
 
 
-def _app_setting(app_config: Any, *names: str) -> Any:
-    """A 0.6/0.8 `app.state.config` value (its AppConfig may raise KeyError)."""
-    for name in names:
+def _positive(value: Any, default: int, ceiling: int | None = None) -> int:
+    """A valve limit as an int from 1 (to `ceiling`); non-numbers give the default."""
+    try:
+        number = max(int(value), 1)
+    except (TypeError, ValueError):
+        return default
+    return number if ceiling is None else min(number, ceiling)
+
+
+def _cut(text: str, limit: int) -> str:
+    """Text of at most about `limit` characters, cut at a word."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " …"
+
+
+def _field(item: Any, name: str) -> Any:
+    """Read a field from a dict or an object (Open WebUI's SearchResult)."""
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
+
+
+def _first_made(
+    items: list, count: int, make: Callable[[Any], Made | None]
+) -> list[Made]:
+    """The first `count` items `make` turns into a result (None: not one).
+
+    An item `make` cannot read (an odd result object) is skipped.
+    """
+    made: list[Made] = []
+    for item in items:
+        if len(made) >= count:
+            break
         try:
-            return getattr(app_config, name)
-        except (AttributeError, KeyError):
+            result = make(item)
+        except Exception:  # noqa: S112  (an odd result object)
             continue
-    return None
+        if result:
+            made.append(result)
+    return made
 
 
 # --- end shared: search_common ---
 
 
+# --- shared: safe_http (made from tools/shared/safe_http.py) ---
+class _TlsContexts:
+    """The TLS contexts of a process, one per verify setting, each built once.
+
+    Building one loads the CA bundle: ~30 ms on an idle machine, 100-300 ms
+    under load, all of it blocking, so `_ssl_context` builds it once, in a
+    worker thread, and every client shares it. The server name to check is
+    given per connection (SNI), so one context serves every host, connections
+    pinned to an address included. Iterating gives the contexts built so far.
+    """
+
+    def __init__(
+        self, create: Callable[..., ssl.SSLContext] = httpx.create_ssl_context
+    ) -> None:
+        """Hold no context yet.
+
+        Args:
+            create: Builds a context, given ``verify=`` (httpx's, as every
+                client of the tools would build one).
+        """
+        self._create = create
+        self._by_verify: dict[bool, ssl.SSLContext] = {}
+        self._lock = threading.Lock()
+
+    def get(self, verify: bool) -> ssl.SSLContext | None:
+        """The context built for `verify`, or None."""
+        return self._by_verify.get(verify)
+
+    def build(self, verify: bool) -> ssl.SSLContext:
+        """The context for `verify`, built now if none was (blocking).
+
+        Calls at the same time wait for one another: one context is built.
+        """
+        with self._lock:
+            context = self._by_verify.get(verify)
+            if context is None:
+                # verify=False: no certificate or host name check (CERT_NONE).
+                context = self._by_verify[verify] = self._create(verify=verify)
+            return context
+
+    def __getitem__(self, verify: bool) -> ssl.SSLContext:
+        """The context built for `verify` (KeyError if none was)."""
+        return self._by_verify[verify]
+
+    def __iter__(self) -> Iterator[ssl.SSLContext]:
+        """The contexts built so far."""
+        return iter(list(self._by_verify.values()))
+
+
+# The contexts of this process, shared by every call of the tool.
+_SSL_CONTEXTS = _TlsContexts()
+
+
+async def _ssl_context(
+    verify: bool = True, contexts: _TlsContexts = _SSL_CONTEXTS
+) -> ssl.SSLContext:
+    """The shared TLS context for `verify`; only the first call waits for it.
+
+    Args:
+        verify: Whether certificates and host names are checked.
+        contexts: Where contexts are kept (the process's by default).
+
+    Returns:
+        The context, built off the event loop the first time.
+    """
+    context = contexts.get(verify)
+    if context is None:
+        context = await asyncio.to_thread(contexts.build, verify)
+    return context
+
+
+# The Content-Encodings a body may have, with zlib's window bits for each
+# (gzip; deflate with a zlib header, or a gzip one, else raw deflate as some
+# servers send it). Accept-Encoding announces exactly these: httpx would also
+# offer br and zstd when those packages are installed, decoded without a bound.
+_DECODED_ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": 32 + zlib.MAX_WBITS}
+
+
+# Other names of the same encodings.
+_ENCODING_ALIASES = {"x-gzip": "gzip", "": "identity"}
+
+
+ACCEPT_ENCODING = ", ".join(_DECODED_ENCODINGS)
+
+
+# A zlib (or gzip) header is checked on its first two bytes: a deflate body
+# refused there has none, and is read again as raw deflate.
+_DEFLATE_HEADER_BYTES = 2
+
+
+# Gzip members in one body: real ones have one, rarely a few. Each member's
+# end makes zlib copy the rest of the chunk, so the count is capped.
+_MAX_GZIP_MEMBERS = 64
+
+
+class _UnreadableBodyError(ValueError):
+    """A body that cannot be decoded (the message says why, for a reader)."""
+
+
+class _BoundedDecoder:
+    """Content-Encoding decoder that never produces more than asked for.
+
+    httpx's own decoder inflates a whole network chunk at once, so a gzip bomb
+    could allocate far beyond the size cap; zlib's `max_length` cannot. The
+    stream's end is the body's end: gzip members that follow are inflated
+    (up to `_MAX_GZIP_MEMBERS`), anything else after it is not read at all
+    (`finished` tells the reader to stop), so junk after the compressed data
+    is neither accumulated nor waited for.
+    """
+
+    def __init__(self, encoding: str) -> None:
+        """Prepare for a body's Content-Encoding (_UnreadableBodyError if unknown)."""
+        name = encoding.strip().lower()
+        self.finished = False  # the body ended: read no more
+        self.cut = False  # ... and more gzip members followed than are read
+        self.trailing = False  # ... and bytes that are no gzip member followed
+        self._members = 0
+        self._between = b""  # bytes after a gzip member, too few to tell
+        self._head = b""  # a deflate body's first bytes, while it may be raw
+        name = _ENCODING_ALIASES.get(name, name)
+        if name == "identity":
+            self._wbits = 0
+        elif name in _DECODED_ENCODINGS:
+            self._wbits = _DECODED_ENCODINGS[name]
+        else:
+            shown = encoding.strip().lower()
+            raise _UnreadableBodyError(f"unsupported content encoding {shown!r}")
+        self._inflater = self._next_member()  # unused for an uncompressed body
+
+    @property
+    def complete(self) -> bool:
+        """Whether the compressed stream ended (an uncompressed body always has)."""
+        return not self._wbits or (self._inflater.eof and not self._between)
+
+    def _next_member(self) -> "zlib._Decompress":
+        self._members += 1
+        return zlib.decompressobj(self._wbits)
+
+    def feed(self, data: bytes, limit: int) -> bytes:
+        """Up to `limit` decoded bytes of `data`; sets `finished` at the end.
+
+        Output that reaches `limit` means the body goes on past it: feed no
+        more (what was left of `data` is not kept).
+        """
+        if not self._wbits:
+            return data[:limit]
+        out: list[bytes] = []
+        while data and limit > 0 and not self.finished:
+            if self._inflater.eof:
+                data = self._after_member(self._between + data)
+                if not data:
+                    break
+            piece = self._inflate(data, limit)
+            out.append(piece)
+            limit -= len(piece)
+            # After the end of a stream zlib keeps (a copy of) the rest of the
+            # input in unused_data: handle it now, never feed it more data.
+            data = self._inflater.unused_data if self._inflater.eof else b""
+        return b"".join(out)
+
+    def _inflate(self, data: bytes, limit: int) -> bytes:
+        """Inflate `data`; a deflate body without a header is read as raw deflate."""
+        try:
+            piece = self._inflater.decompress(data, limit)
+        except zlib.error as exc:
+            if not self._may_be_raw_deflate():
+                raise _UnreadableBodyError(
+                    "the compressed response is corrupt"
+                ) from exc
+            data, self._head = self._head + data, b""
+            self._wbits = -zlib.MAX_WBITS  # some servers send raw deflate
+            self._inflater = zlib.decompressobj(self._wbits)
+            return self._inflate(data, limit)
+        if self._may_be_raw_deflate():
+            self._head += data[: _DEFLATE_HEADER_BYTES - len(self._head)]
+        return piece
+
+    def _may_be_raw_deflate(self) -> bool:
+        """Whether a deflate body's header is still being read."""
+        return (
+            self._wbits == _DECODED_ENCODINGS["deflate"]
+            and len(self._head) < _DEFLATE_HEADER_BYTES
+        )
+
+    def _after_member(self, data: bytes) -> bytes:
+        """The next gzip member's bytes, or b"" (waiting, or finished)."""
+        self._between = b""
+        if self._wbits != _DECODED_ENCODINGS["gzip"] or not data.startswith(
+            b"\x1f\x8b"[: len(data)]
+        ):
+            self.finished = self.trailing = True  # not a gzip member: the end
+            return b""
+        if len(data) < 2:
+            self._between = data  # one byte: the next chunk tells
+            return b""
+        if self._members >= _MAX_GZIP_MEMBERS:
+            self.finished = self.cut = True
+            return b""
+        self._inflater = self._next_member()
+        return data
+
+
+@dataclass(frozen=True)
+class _Download:
+    """A body read within a cap, and how it ended."""
+
+    body: bytes  # decoded, at most the cap
+    over_cap: bool  # more followed, on the wire or decoded, than the cap
+    more_members: bool  # more gzip members followed than are read
+    trailing: bool  # bytes that are no gzip member followed the compressed body
+    complete: bool  # the compressed body ended (an uncompressed one always has)
+
+
+async def _download(response: httpx.Response, cap: int) -> _Download:
+    """Stream a body, decoded, up to `cap` bytes on the wire and decoded.
+
+    `cap` bounds what crosses the wire as well as what it decodes to: a body
+    whose compressed bytes go past it is cut there, whatever they inflate to.
+    """
+    decoder = _BoundedDecoder(response.headers.get("content-encoding", ""))
+    chunks: list[bytes] = []
+    size = wire = 0
+    over_cap = False
+    async for raw in response.aiter_raw():
+        wire += len(raw)
+        piece = decoder.feed(raw, cap - size + 1)
+        size += len(piece)
+        if size > cap:  # one byte over: the body goes on past the cap
+            chunks.append(piece[: len(piece) - (size - cap)])
+            over_cap = True
+            break
+        chunks.append(piece)
+        if decoder.finished:
+            break
+        if wire > cap:
+            over_cap = True
+            break
+    body = await _joined(chunks)
+    return _Download(body, over_cap, decoder.cut, decoder.trailing, decoder.complete)
+
+
+async def _read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
+    """The body decoded up to `cap` bytes, and whether anything was left unread.
+
+    Bytes after the end of a compressed body are not part of it (a browser
+    ignores them too); more gzip members than are read count as left unread.
+    """
+    download = await _download(response, cap)
+    return download.body, download.over_cap or download.more_members
+
+
+_THREAD_JOIN_BYTES = 1_000_000
+
+
+def _join_bytes(chunks: list[bytes]) -> bytes:
+    """The chunks joined."""
+    return b"".join(chunks)
+
+
+async def _joined(
+    chunks: list[bytes], join: Callable[[list[bytes]], bytes] = _join_bytes
+) -> bytes:
+    """The chunks as one bytes object; a big join runs in a worker thread.
+
+    Copying megabytes into fresh memory takes tens of milliseconds (page faults
+    included); bytes.join releases the GIL while it copies, so the loop runs on.
+
+    Args:
+        chunks: The pieces, in order.
+        join: Joins them (`_join_bytes`; tests watch which thread runs it).
+
+    Returns:
+        The pieces as one bytes object.
+    """
+    if sum(map(len, chunks)) < _THREAD_JOIN_BYTES:
+        return join(chunks)
+    return await asyncio.to_thread(join, chunks)
+
+
+# --- end shared: safe_http ---
+
+
 # --- shared: backend_http (made from tools/shared/backend_http.py) ---
 T = TypeVar("T")
-
-
-# One TLS context for the whole process. Building one loads the CA bundle:
-# ~30 ms on an idle machine, 100-300 ms under load, all of it blocking, so it
-# is built once, in a worker thread, and every call's client shares it.
-_SSL_CONTEXTS: list[ssl.SSLContext] = []
-
-
-_SSL_LOCK = threading.Lock()
-
-
-def _build_ssl_context() -> ssl.SSLContext:
-    """Create the shared context once (the lock makes concurrent first calls wait)."""
-    with _SSL_LOCK:
-        if not _SSL_CONTEXTS:
-            _SSL_CONTEXTS.append(httpx.create_ssl_context())
-        return _SSL_CONTEXTS[0]
-
-
-async def _ssl_context() -> ssl.SSLContext:
-    """The shared TLS context; only the first call waits for it."""
-    if _SSL_CONTEXTS:
-        return _SSL_CONTEXTS[0]
-    return await asyncio.to_thread(_build_ssl_context)
 
 
 # Backend answers are untrusted: at most this many bytes are read, counted on
@@ -186,11 +489,6 @@ MAX_RESPONSE_BYTES = 5_000_000
 # The thread parses in steps (see _parse_json) between which the loop runs; an
 # answer this small is one step, parsed on the loop.
 INLINE_PARSE_BYTES = 65_536
-
-
-# Only the encodings `_Inflater` decodes with a bound (httpx would also offer
-# br/zstd when those packages are installed, decoded without a bound).
-ACCEPT_ENCODING = "gzip, deflate"
 
 
 class _TooLargeError(ValueError):
@@ -218,70 +516,49 @@ def _split_credentials(parts: SplitResult) -> tuple[str, httpx.BasicAuth | None]
     return host, httpx.BasicAuth(unquote(user), unquote(password))
 
 
-class _Inflater:
-    """Bounded gzip/deflate decoding of a body (identity passes through).
-
-    Unlike httpx's decoders, it never inflates more than the room left under
-    the size cap (a 64 kB chunk can inflate to 64 MB) and refuses data after
-    the end of the compressed stream instead of silently reading on.
-    """
-
-    def __init__(self, content_encoding: str) -> None:
-        """Prepare for the answer's Content-Encoding (ValueError if unsupported)."""
-        encoding = content_encoding.strip().lower()
-        if encoding in {"", "identity"}:
-            self._wbits = 0
-        elif encoding in {"gzip", "x-gzip"}:
-            self._wbits = zlib.MAX_WBITS | 16
-        elif encoding == "deflate":
-            self._wbits = zlib.MAX_WBITS  # zlib-wrapped; raw deflate as fallback
-        else:
-            raise ValueError("unsupported content encoding")
-        self._engine = zlib.decompressobj(self._wbits) if self._wbits else None
-        self._fed = False
-
-    def feed(self, data: bytes, room: int) -> bytes:
-        """Decoded bytes of one wire chunk; _TooLargeError past `room`."""
-        if self._engine is None or not data:
-            return data
-        if self._engine.eof:
-            raise ValueError("data after the end of the compressed body")
-        try:
-            out = self._engine.decompress(data, room + 1)
-        except zlib.error:
-            if self._fed or self._wbits != zlib.MAX_WBITS:
-                raise ValueError("corrupt compressed body") from None
-            self._wbits = -zlib.MAX_WBITS  # some servers send raw deflate
-            self._engine = zlib.decompressobj(self._wbits)
-            return self.feed(data, room)
-        self._fed = True
-        if len(out) > room:
-            raise _TooLargeError
-        if self._engine.unused_data:
-            raise ValueError("data after the end of the compressed body")
-        return out
-
-    def finish(self) -> None:
-        """Refuse a compressed body that ended before its stream did."""
-        if self._engine is not None and self._fed and not self._engine.eof:
-            raise ValueError("compressed body ended early")
-
-
 async def _read_body(response: httpx.Response) -> bytes:
-    """The decoded body; _TooLargeError past the cap on the wire or decoded."""
+    """The decoded body; _TooLargeError past the cap, ValueError if unreadable.
+
+    A backend answer is data, read whole or not at all: bytes after the end
+    of its compressed stream, or a stream that ends early, make it unreadable.
+    """
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_RESPONSE_BYTES:
         raise _TooLargeError
-    inflater = _Inflater(response.headers.get("content-encoding", ""))
-    body = bytearray()
-    received = 0
-    async for chunk in response.aiter_raw():
-        received += len(chunk)
-        if received > MAX_RESPONSE_BYTES:
-            raise _TooLargeError
-        body += inflater.feed(chunk, MAX_RESPONSE_BYTES - len(body))
-    inflater.finish()
-    return bytes(body)
+    download = await _download(response, MAX_RESPONSE_BYTES)
+    if download.over_cap:
+        raise _TooLargeError
+    if download.trailing or download.more_members:
+        raise ValueError("data after the end of the compressed body")
+    if not download.complete:
+        raise ValueError("compressed body ended early")
+    return download.body
+
+
+def _backend_failure(
+    exc: BaseException, service: str, unreadable: tuple[type[Exception], ...] = ()
+) -> str:
+    """A short reason a backend call failed, without URLs or secrets.
+
+    Args:
+        exc: What the call raised.
+        service: The backend as the model reads it ("the search engine").
+        unreadable: Errors of a parser besides ValueError: the answer could
+            not be read.
+
+    Returns:
+        The reason, e.g. "the search engine answered HTTP 503".
+    """
+    if isinstance(exc, _TooLargeError):
+        limit = MAX_RESPONSE_BYTES // 1_000_000
+        return f"{service} sent an answer larger than {limit} MB"
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"{service} answered HTTP {exc.response.status_code}"
+    if isinstance(exc, httpx.TransportError):
+        return f"{service} could not be reached"
+    if isinstance(exc, (ValueError, *unreadable)):
+        return f"{service} sent an answer that could not be read"
+    return f"unexpected error ({type(exc).__name__})"
 
 
 class _RedirectLoopError(httpx.TransportError):
@@ -559,6 +836,147 @@ async def _parse_off_loop(body: bytes, parse: Callable[[bytes], T]) -> T:
 # --- end shared: backend_http ---
 
 
+# --- shared: web_search (made from tools/shared/web_search.py) ---
+WebSearch = Callable[[str, int], Awaitable[list]]
+
+
+class _WebSearchOffError(Exception):
+    """Open WebUI's web search cannot run: turned off, or no engine is set up."""
+
+    def __init__(self, *, disabled: bool) -> None:
+        """`disabled`: the admin turned web search off (else: not configured)."""
+        super().__init__("web search is disabled" if disabled else "no engine")
+        self.disabled = disabled
+
+
+def _import_openwebui() -> SimpleNamespace | None:
+    """Open WebUI's search pieces, or None outside Open WebUI (the test seam)."""
+    try:
+        from open_webui.routers import retrieval  # noqa: PLC0415
+    except ImportError:
+        return None
+    try:
+        from open_webui.models.config import Config  # noqa: PLC0415  (0.11+)
+    except ImportError:
+        Config = None  # noqa: N806
+    try:
+        from open_webui.models.users import UserModel  # noqa: PLC0415
+    except ImportError:
+        UserModel = None  # noqa: N806
+    return SimpleNamespace(
+        search_web=retrieval.search_web,
+        config_store=Config,
+        user_model=UserModel,
+        config_keys=getattr(retrieval, "RETRIEVAL_CONFIG_KEYS", None),
+    )
+
+
+def _app_setting(app_config: Any, *names: str) -> Any:
+    """A 0.6/0.8 `app.state.config` value (its AppConfig may raise KeyError)."""
+    for name in names:
+        try:
+            return getattr(app_config, name)
+        except (AttributeError, KeyError):
+            continue
+    return None
+
+
+async def _openwebui_web_search(
+    ow: SimpleNamespace, request: Any, user: dict | None, engine: str
+) -> WebSearch:
+    """A search function over Open WebUI's engine, for this version's API.
+
+    Args:
+        ow: Open WebUI's pieces (`_import_openwebui`).
+        request: The request Open WebUI passed to the tool.
+        user: The `__user__` dict (made Open WebUI's UserModel when it fits).
+        engine: The engine to use; "" for the one the admin configured.
+
+    Returns:
+        `search(query, count)`: the engine's results (dicts or Open WebUI's
+        SearchResult objects).
+
+    Raises:
+        _WebSearchOffError: Web search is turned off or has no engine.
+    """
+    state = getattr(getattr(request, "app", None), "state", None)
+    app_config = getattr(state, "config", None)
+    config: dict | None = None
+    if app_config is not None:  # 0.6 / 0.8
+        enabled = bool(
+            _app_setting(app_config, "ENABLE_WEB_SEARCH", "ENABLE_RAG_WEB_SEARCH")
+        )
+        configured = _app_setting(
+            app_config, "WEB_SEARCH_ENGINE", "RAG_WEB_SEARCH_ENGINE"
+        )
+    elif ow.config_store is not None:  # 0.11+
+        # 0.12 takes the whole retrieval config as `config=`; 0.11 reads it itself.
+        takes_config = bool(ow.config_keys) and (
+            "config" in inspect.signature(ow.search_web).parameters
+        )
+        keys = {"web.search.enable", "web.search.engine"}
+        if takes_config:
+            keys |= set(ow.config_keys.values())
+        values = ow.config_store.get_many(*sorted(keys))
+        values = dict(await values if inspect.isawaitable(values) else values)
+        enabled = bool(values.get("web.search.enable"))
+        configured = values.get("web.search.engine")
+        config = values if takes_config else None
+    else:
+        raise _WebSearchOffError(disabled=False)
+    if not enabled:
+        raise _WebSearchOffError(disabled=True)
+    engine = engine or configured or ""
+    if not engine:
+        raise _WebSearchOffError(disabled=False)
+    owui_user = _owui_user(ow, user)
+
+    async def search(query: str, count: int) -> list:
+        if config is not None:  # 0.12+: keyword-only config, the count in it
+            options = {**config, "web.search.result_count": count}
+            result = ow.search_web(request, engine, query, owui_user, config=options)
+        elif inspect.iscoroutinefunction(ow.search_web):  # 0.11
+            result = ow.search_web(request, engine, query, owui_user)
+        else:  # 0.6 / 0.8: blocking, keep it off the event loop
+            result = await asyncio.to_thread(
+                ow.search_web, request, engine, query, owui_user
+            )
+        return list((await result if inspect.isawaitable(result) else result) or [])
+
+    return search
+
+
+def _owui_user(ow: SimpleNamespace, user: dict | None) -> Any:
+    """Open WebUI's UserModel from the `__user__` dict (None if it does not fit)."""
+    if not user or ow.user_model is None:
+        return None
+    try:
+        return ow.user_model(**user)
+    except Exception:  # engines that need no user still work
+        return None
+
+
+def _searxng_endpoint(url: str) -> _Endpoint | None:
+    """A SearXNG search URL without query and credentials (None if invalid).
+
+    A query written into it (the legacy '?q=<query>') is dropped: the tools
+    send their own.
+    """
+    try:
+        parts = urlsplit(url.strip())
+        valid = parts.scheme in {"http", "https"} and bool(parts.hostname)
+        _port = parts.port  # raises on a malformed port
+    except ValueError:
+        return None
+    if not valid:
+        return None
+    host, auth = _split_credentials(parts)
+    return _Endpoint(urlunsplit((parts.scheme, host, parts.path or "/", "", "")), auth)
+
+
+# --- end shared: web_search ---
+
+
 INVALID_REQUEST = (
     "[google_scholar] Invalid request format: "
     "Input must be a JSON object containing 'query' field"
@@ -588,6 +1006,7 @@ NO_WEB_TEXT = (
     "Web search is not available to the google_scholar tool: it is running "
     "outside Open WebUI and its SEARXNG_URL valve is empty."
 )
+BAD_SEARXNG_URL_TEXT = "The SEARXNG_URL valve is not a valid http(s) URL."
 SNIPPET_CHARS = 300
 WEB_SNIPPET_CHARS = 2_000
 NAME_CHARS = 200
@@ -653,10 +1072,6 @@ class _BadURLError(ValueError):
     """An API URL valve is not an http(s) URL."""
 
 
-class _WebUnavailableError(Exception):
-    """No web search engine can be used (the message says why)."""
-
-
 def _format_paper(idx: int, paper: _Paper) -> str:
     """One record in the reference layout."""
     link_info = f"pdfUrl: {paper.pdf}" if paper.pdf else "no available link"
@@ -682,15 +1097,6 @@ def _format_block(query: str, papers: list[_Paper]) -> str:
     return header + "## Scholar Results\n" + entries
 
 
-def _normalise_queries(query: Any) -> list[str] | None:
-    """Distinct, stripped queries in input order; None when the input is invalid."""
-    if isinstance(query, str):
-        query = [query]
-    if not isinstance(query, list) or not all(isinstance(q, str) for q in query):
-        return None
-    return list(dict.fromkeys(q.strip() for q in query if q.strip())) or None
-
-
 def _text(value: Any) -> str:
     """Whitespace-collapsed text of the first MAX_TEXT_CHARS ('' for non-text)."""
     return " ".join(value[:MAX_TEXT_CHARS].split()) if isinstance(value, str) else ""
@@ -698,10 +1104,7 @@ def _text(value: Any) -> str:
 
 def _shorten(text: Any, limit: int = SNIPPET_CHARS) -> str:
     """Cut at a word boundary, like a search snippet."""
-    text = _text(text)
-    if len(text) <= limit:
-        return text
-    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " …"
+    return _cut(_text(text), limit)
 
 
 def _dig(data: Any, *keys: str) -> Any:
@@ -784,7 +1187,7 @@ def _abstract(index: Any) -> str:
     return " ".join(words[i] for i in sorted(words))
 
 
-def _endpoint(url: str, *, default_path: str = "") -> _Endpoint | None:
+def _endpoint(url: str) -> _Endpoint | None:
     """An admin-set http(s) URL without query and credentials (None if invalid)."""
     try:
         parts = urlsplit((url or "").strip())
@@ -795,8 +1198,9 @@ def _endpoint(url: str, *, default_path: str = "") -> _Endpoint | None:
     if not valid:
         return None
     host, auth = _split_credentials(parts)
-    path = parts.path.rstrip("/") or default_path
-    return _Endpoint(urlunsplit((parts.scheme, host, path, "", "")), auth)
+    return _Endpoint(
+        urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", "")), auth
+    )
 
 
 def _base_url(url: str, suffix: str = "") -> _Endpoint:
@@ -1013,78 +1417,18 @@ SCHOLARLY = {
 }
 
 
-async def _openwebui_web(
-    ow: SimpleNamespace, request: Any, user: dict | None, engine: str
-) -> Callable[[str, int], Awaitable[list]]:
-    """A search function over Open WebUI's engine, for this version's API."""
-    app_config = getattr(
-        getattr(getattr(request, "app", None), "state", None), "config", None
-    )
-    takes_config = bool(ow.config_keys) and (
-        "config" in inspect.signature(ow.search_web).parameters
-    )
-    if app_config is not None:  # 0.6 / 0.8
-        enabled = bool(
-            _app_setting(app_config, "ENABLE_WEB_SEARCH", "ENABLE_RAG_WEB_SEARCH")
-        )
-        engine = (
-            engine
-            or _app_setting(app_config, "WEB_SEARCH_ENGINE", "RAG_WEB_SEARCH_ENGINE")
-            or ""
-        )
-        values, takes_config = {}, False
-    elif ow.config_store is not None:  # 0.11+
-        keys = {"web.search.enable", "web.search.engine"}
-        keys |= set(ow.config_keys.values()) if takes_config else set()
-        values = ow.config_store.get_many(*sorted(keys))
-        values = dict(await values if inspect.isawaitable(values) else values)
-        enabled = bool(values.get("web.search.enable"))
-        engine = engine or values.get("web.search.engine") or ""
-    else:
-        raise _WebUnavailableError(WEB_UNCONFIGURED_TEXT)
-    if not enabled:
-        raise _WebUnavailableError(WEB_DISABLED_TEXT)
-    if not engine:
-        raise _WebUnavailableError(WEB_UNCONFIGURED_TEXT)
-    owui_user = None
-    if user and ow.user_model is not None:
-        try:
-            owui_user = ow.user_model(**user)
-        except Exception:  # engines that need no user still work
-            owui_user = None
-
-    async def run(query: str, count: int) -> list:
-        if takes_config:  # 0.12+
-            config = {**values, "web.search.result_count": count}
-            result = ow.search_web(request, engine, query, owui_user, config=config)
-        elif inspect.iscoroutinefunction(ow.search_web):  # 0.11
-            result = ow.search_web(request, engine, query, owui_user)
-        else:  # 0.6 / 0.8: blocking
-            result = await asyncio.to_thread(
-                ow.search_web, request, engine, query, owui_user
-            )
-        return list((await result if inspect.isawaitable(result) else result) or [])
-
-    return run
-
-
 def _searxng_items(data: Any) -> list[dict]:
     """SearXNG results by score (as Open WebUI orders them), as web results."""
-    results = [r for r in _list(_dig(data, "results")) if isinstance(r, dict)]
-    results.sort(key=_score, reverse=True)
     return [
         {"link": r.get("url"), "title": r.get("title"), "snippet": r.get("content")}
-        for r in results
+        for r in _ranked(_list(_dig(data, "results")))
     ]
 
 
 def _searxng_web(
-    client: httpx.AsyncClient, url: str
+    client: httpx.AsyncClient, endpoint: _Endpoint
 ) -> Callable[[str, int], Awaitable[list]]:
     """A search function over SearXNG's JSON API."""
-    endpoint = _endpoint(url, default_path="/")
-    if endpoint is None:
-        raise _WebUnavailableError("The SEARXNG_URL valve is not a valid http(s) URL.")
 
     async def run(query: str, count: int) -> list:
         body = await _get(client, endpoint, {"q": query, "format": "json"})
@@ -1099,58 +1443,29 @@ def _web_paper(item: Any) -> _Paper | None:
     """A web result as a scholar record: the page URL goes in publicationInfo."""
     if isinstance(item, _Paper):  # already converted (SearXNG, off the loop)
         return item
-    get = item.get if isinstance(item, dict) else lambda k: getattr(item, k, None)
-    link = _link(get("link"))
+    link = _link(_field(item, "link"))
     if not link:
         return None
     is_pdf = urlsplit(link).path.lower().endswith(".pdf")
     return _Paper(
-        title=_shorten(get("title"), TITLE_CHARS) or link,
+        title=_shorten(_field(item, "title"), TITLE_CHARS) or link,
         pdf=link if is_pdf else "",
         page=link,
         info=link,
-        snippet=_shorten(get("snippet"), WEB_SNIPPET_CHARS),
+        snippet=_shorten(_field(item, "snippet"), WEB_SNIPPET_CHARS),
     )
 
 
 def _web_papers(items: list, count: int) -> list[_Paper]:
     """The first `count` web results with a valid link; unreadable ones skipped."""
-    papers: list[_Paper] = []
-    for item in items:
-        if len(papers) >= count:
-            break
-        try:
-            paper = _web_paper(item)
-        except Exception:  # noqa: S112  (an odd result object)
-            continue
-        if paper:
-            papers.append(paper)
-    return papers
+    return _first_made(items, count, _web_paper)
 
 
 def _describe_failure(exc: BaseException) -> str:
     """A short reason without URLs or secrets."""
     if isinstance(exc, _BadURLError):
         return "the tool's API URL setting is not a valid http(s) URL"
-    if isinstance(exc, _TooLargeError):
-        limit = MAX_RESPONSE_BYTES // 1_000_000
-        return f"the service sent an answer larger than {limit} MB"
-    if isinstance(exc, httpx.HTTPStatusError):
-        return f"the service answered HTTP {exc.response.status_code}"
-    if isinstance(exc, httpx.TransportError):
-        return "the service could not be reached"
-    if isinstance(exc, ValueError | ET.ParseError | expat.ExpatError):
-        return "the service sent an answer that could not be read"
-    return f"unexpected error ({type(exc).__name__})"
-
-
-def _positive(value: Any, default: int, ceiling: int = 1_000) -> int:
-    """A valve limit as an int in 1..ceiling (non-numbers give the default)."""
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        return default
-    return min(max(number, 1), ceiling)
+    return _backend_failure(exc, "the service", (ET.ParseError, expat.ExpatError))
 
 
 Search = Callable[[str, int], Awaitable[list]]
@@ -1278,7 +1593,7 @@ async def _google_scholar(
             f"one of {', '.join(BACKENDS)}. Ask an administrator to fix it.",
             ok=False,
         )
-    limit = _positive(tool.valves.MAX_QUERIES_PER_SEARCH, 5)
+    limit = _positive(tool.valves.MAX_QUERIES_PER_SEARCH, 5, ceiling=1_000)
     queries, skipped = queries[:limit], queries[limit:]
     await _emit(
         emitter, description="Searching papers: " + " · ".join(queries), done=False
@@ -1291,7 +1606,7 @@ async def _google_scholar(
         if backend == "web" and isinstance(web, str):
             await _emit(emitter, description=web, done=True)
             return ToolResult(web, ok=False)
-        gate = asyncio.Semaphore(_positive(tool.valves.CONCURRENT_QUERIES, 3))
+        gate = asyncio.Semaphore(_positive(tool.valves.CONCURRENT_QUERIES, 3, 1_000))
 
         async def one(q: str) -> _Outcome:
             async with gate:
@@ -1305,13 +1620,7 @@ async def _google_scholar(
 
         outcomes = await asyncio.gather(*(one(q) for q in queries))
     text = SEPARATOR.join(outcome.text for outcome in outcomes)
-    if skipped:
-        names = ", ".join(f"'{q}'" for q in skipped)
-        text += (
-            f"\n\nNote: only the first {limit} queries of this call were searched "
-            f"(limit per call). Not searched: {names}. "
-            "Call the tool again with these queries if you still need them."
-        )
+    text += _skipped_note(skipped, limit) if skipped else ""
     # Some results are a success: the failed queries say so in the text.
     return ToolResult(text, ok=not all(outcome.error for outcome in outcomes))
 
@@ -1325,15 +1634,18 @@ async def _web(
         ow = _import_openwebui() if request is not None and not searxng_url else None
         if ow is not None:
             engine = (tool.valves.SEARCH_ENGINE or "").strip()
-            return await _openwebui_web(ow, request, user, engine)
-        if not searxng_url:
-            return NO_WEB_TEXT
-        return _searxng_web(client, searxng_url)
-    except _WebUnavailableError as exc:
-        return str(exc)
+            return await _openwebui_web_search(ow, request, user, engine)
+    except _WebSearchOffError as exc:
+        return WEB_DISABLED_TEXT if exc.disabled else WEB_UNCONFIGURED_TEXT
     except Exception as exc:  # settings unreadable: no web search this call
         log.warning("reading web search settings failed: %s", type(exc).__name__)
         return WEB_UNCONFIGURED_TEXT
+    if not searxng_url:
+        return NO_WEB_TEXT
+    endpoint = _searxng_endpoint(searxng_url)
+    if endpoint is None:
+        return BAD_SEARXNG_URL_TEXT
+    return _searxng_web(client, endpoint)
 
 
 def _seconds(tool: "Tools") -> float:

@@ -1,10 +1,11 @@
-"""Backend HTTP for the search tools: TLS, bounded reading, JSON off the loop.
+"""Backend HTTP for the search tools: capped answers, credentials, JSON off the loop.
 
-Backend answers are untrusted: one TLS context per process (built off the
-event loop), credentials in a URL sent as Basic auth, bodies read with a cap
-on the wire and after decompression (own gzip/deflate decoder), and big
-answers parsed in a worker thread. Generated into search_tool.py and
-scholar_tool.py by scripts/sync_root_files.py.
+Backend answers are untrusted: credentials in a URL are sent as Basic auth,
+an answer over MAX_RESPONSE_BYTES (on the wire or decoded, read by the
+shared safe HTTP code) or unreadable is refused, and big answers are parsed
+in steps in a worker thread. Generated into search_tool.py and
+scholar_tool.py by scripts/sync_root_files.py (after safe_http.py, whose
+names it uses).
 """
 
 # The tool modules do not import annotations from __future__ (Open WebUI
@@ -15,9 +16,6 @@ scholar_tool.py by scripts/sync_root_files.py.
 import asyncio
 import json
 import re
-import ssl
-import threading
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -25,33 +23,11 @@ from urllib.parse import SplitResult, unquote
 
 import httpx
 
+from .safe_http import ACCEPT_ENCODING, _download
+
 # --- snippet ---
 
 T = TypeVar("T")
-
-
-# One TLS context for the whole process. Building one loads the CA bundle:
-# ~30 ms on an idle machine, 100-300 ms under load, all of it blocking, so it
-# is built once, in a worker thread, and every call's client shares it.
-_SSL_CONTEXTS: list[ssl.SSLContext] = []
-
-
-_SSL_LOCK = threading.Lock()
-
-
-def _build_ssl_context() -> ssl.SSLContext:
-    """Create the shared context once (the lock makes concurrent first calls wait)."""
-    with _SSL_LOCK:
-        if not _SSL_CONTEXTS:
-            _SSL_CONTEXTS.append(httpx.create_ssl_context())
-        return _SSL_CONTEXTS[0]
-
-
-async def _ssl_context() -> ssl.SSLContext:
-    """The shared TLS context; only the first call waits for it."""
-    if _SSL_CONTEXTS:
-        return _SSL_CONTEXTS[0]
-    return await asyncio.to_thread(_build_ssl_context)
 
 
 # Backend answers are untrusted: at most this many bytes are read, counted on
@@ -64,11 +40,6 @@ MAX_RESPONSE_BYTES = 5_000_000
 # The thread parses in steps (see _parse_json) between which the loop runs; an
 # answer this small is one step, parsed on the loop.
 INLINE_PARSE_BYTES = 65_536
-
-
-# Only the encodings `_Inflater` decodes with a bound (httpx would also offer
-# br/zstd when those packages are installed, decoded without a bound).
-ACCEPT_ENCODING = "gzip, deflate"
 
 
 class _TooLargeError(ValueError):
@@ -96,70 +67,49 @@ def _split_credentials(parts: SplitResult) -> tuple[str, httpx.BasicAuth | None]
     return host, httpx.BasicAuth(unquote(user), unquote(password))
 
 
-class _Inflater:
-    """Bounded gzip/deflate decoding of a body (identity passes through).
-
-    Unlike httpx's decoders, it never inflates more than the room left under
-    the size cap (a 64 kB chunk can inflate to 64 MB) and refuses data after
-    the end of the compressed stream instead of silently reading on.
-    """
-
-    def __init__(self, content_encoding: str) -> None:
-        """Prepare for the answer's Content-Encoding (ValueError if unsupported)."""
-        encoding = content_encoding.strip().lower()
-        if encoding in {"", "identity"}:
-            self._wbits = 0
-        elif encoding in {"gzip", "x-gzip"}:
-            self._wbits = zlib.MAX_WBITS | 16
-        elif encoding == "deflate":
-            self._wbits = zlib.MAX_WBITS  # zlib-wrapped; raw deflate as fallback
-        else:
-            raise ValueError("unsupported content encoding")
-        self._engine = zlib.decompressobj(self._wbits) if self._wbits else None
-        self._fed = False
-
-    def feed(self, data: bytes, room: int) -> bytes:
-        """Decoded bytes of one wire chunk; _TooLargeError past `room`."""
-        if self._engine is None or not data:
-            return data
-        if self._engine.eof:
-            raise ValueError("data after the end of the compressed body")
-        try:
-            out = self._engine.decompress(data, room + 1)
-        except zlib.error:
-            if self._fed or self._wbits != zlib.MAX_WBITS:
-                raise ValueError("corrupt compressed body") from None
-            self._wbits = -zlib.MAX_WBITS  # some servers send raw deflate
-            self._engine = zlib.decompressobj(self._wbits)
-            return self.feed(data, room)
-        self._fed = True
-        if len(out) > room:
-            raise _TooLargeError
-        if self._engine.unused_data:
-            raise ValueError("data after the end of the compressed body")
-        return out
-
-    def finish(self) -> None:
-        """Refuse a compressed body that ended before its stream did."""
-        if self._engine is not None and self._fed and not self._engine.eof:
-            raise ValueError("compressed body ended early")
-
-
 async def _read_body(response: httpx.Response) -> bytes:
-    """The decoded body; _TooLargeError past the cap on the wire or decoded."""
+    """The decoded body; _TooLargeError past the cap, ValueError if unreadable.
+
+    A backend answer is data, read whole or not at all: bytes after the end
+    of its compressed stream, or a stream that ends early, make it unreadable.
+    """
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_RESPONSE_BYTES:
         raise _TooLargeError
-    inflater = _Inflater(response.headers.get("content-encoding", ""))
-    body = bytearray()
-    received = 0
-    async for chunk in response.aiter_raw():
-        received += len(chunk)
-        if received > MAX_RESPONSE_BYTES:
-            raise _TooLargeError
-        body += inflater.feed(chunk, MAX_RESPONSE_BYTES - len(body))
-    inflater.finish()
-    return bytes(body)
+    download = await _download(response, MAX_RESPONSE_BYTES)
+    if download.over_cap:
+        raise _TooLargeError
+    if download.trailing or download.more_members:
+        raise ValueError("data after the end of the compressed body")
+    if not download.complete:
+        raise ValueError("compressed body ended early")
+    return download.body
+
+
+def _backend_failure(
+    exc: BaseException, service: str, unreadable: tuple[type[Exception], ...] = ()
+) -> str:
+    """A short reason a backend call failed, without URLs or secrets.
+
+    Args:
+        exc: What the call raised.
+        service: The backend as the model reads it ("the search engine").
+        unreadable: Errors of a parser besides ValueError: the answer could
+            not be read.
+
+    Returns:
+        The reason, e.g. "the search engine answered HTTP 503".
+    """
+    if isinstance(exc, _TooLargeError):
+        limit = MAX_RESPONSE_BYTES // 1_000_000
+        return f"{service} sent an answer larger than {limit} MB"
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"{service} answered HTTP {exc.response.status_code}"
+    if isinstance(exc, httpx.TransportError):
+        return f"{service} could not be reached"
+    if isinstance(exc, (ValueError, *unreadable)):
+        return f"{service} sent an answer that could not be read"
+    return f"unexpected error ({type(exc).__name__})"
 
 
 class _RedirectLoopError(httpx.TransportError):

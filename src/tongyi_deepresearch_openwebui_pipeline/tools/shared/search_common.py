@@ -1,8 +1,9 @@
-"""What the search tools share around the backends: Open WebUI, links, scores.
+"""What the search tools share around the backends: queries, links, scores, text.
 
-The event emitter, Open WebUI's settings and module lookups, result links
-(only http(s), capped) and scores. Generated into search_tool.py and
-scholar_tool.py by scripts/sync_root_files.py.
+Queries as the model sends them, the per-call query limit, status lines,
+result links (only http(s), capped), scores and cut text. Generated into
+search_tool.py and scholar_tool.py by scripts/sync_root_files.py (after
+events.py, whose names it uses).
 """
 
 # The tool modules do not import annotations from __future__ (Open WebUI
@@ -10,20 +11,17 @@ scholar_tool.py by scripts/sync_root_files.py.
 # names it uses come from the tool module's own imports (these are for the
 # linters; the snippet below the mark is what is generated).
 
-import inspect
-import logging
 import math
 import re
-from collections.abc import Awaitable, Callable
-from types import SimpleNamespace
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-log = logging.getLogger(__name__)
+from .events import Emitter, _send_event
 
 # --- snippet ---
 
-Emitter = Callable[[dict], Awaitable[Any]]
+Made = TypeVar("Made")
 
 
 SEPARATOR = "\n=======\n"
@@ -75,43 +73,69 @@ def _score(result: dict) -> float:
 
 async def _emit(emitter: Emitter | None, **data: Any) -> None:
     """Send a status event; a failing emitter never stops the search."""
-    if emitter is None:
-        return
-    try:
-        sent = emitter({"type": "status", "data": data})
-        if inspect.isawaitable(sent):
-            await sent
-    except Exception as exc:  # the UI is optional
-        log.debug("status event failed: %s", type(exc).__name__)
+    await _send_event(emitter, {"type": "status", "data": data})
 
 
-def _import_openwebui() -> SimpleNamespace | None:
-    """Open WebUI's search pieces, or None outside Open WebUI (the test seam)."""
-    try:
-        from open_webui.routers import retrieval  # noqa: PLC0415
-    except ImportError:
+def _ranked(results: list) -> list[dict]:
+    """The results that are objects, best SearXNG score first (as Open WebUI)."""
+    return sorted((r for r in results if isinstance(r, dict)), key=_score, reverse=True)
+
+
+def _normalise_queries(query: Any) -> list[str] | None:
+    """Distinct, stripped queries in input order; None when the input is invalid."""
+    if isinstance(query, str):
+        query = [query]
+    if not isinstance(query, list) or not all(isinstance(q, str) for q in query):
         return None
-    try:
-        from open_webui.models.config import Config  # noqa: PLC0415  (0.11+)
-    except ImportError:
-        Config = None  # noqa: N806
-    try:
-        from open_webui.models.users import UserModel  # noqa: PLC0415
-    except ImportError:
-        UserModel = None  # noqa: N806
-    return SimpleNamespace(
-        search_web=retrieval.search_web,
-        config_store=Config,
-        user_model=UserModel,
-        config_keys=getattr(retrieval, "RETRIEVAL_CONFIG_KEYS", None),
+    return list(dict.fromkeys(q.strip() for q in query if q.strip())) or None
+
+
+def _skipped_note(skipped: list[str], limit: int) -> str:
+    """Model-facing note naming the queries that were over the per-call limit."""
+    names = ", ".join(f"'{q}'" for q in skipped)
+    return (
+        f"\n\nNote: only the first {limit} queries of this call were searched "
+        f"(limit per call). Not searched: {names}. "
+        "Call the tool again with these queries if you still need them."
     )
 
 
-def _app_setting(app_config: Any, *names: str) -> Any:
-    """A 0.6/0.8 `app.state.config` value (its AppConfig may raise KeyError)."""
-    for name in names:
+def _positive(value: Any, default: int, ceiling: int | None = None) -> int:
+    """A valve limit as an int from 1 (to `ceiling`); non-numbers give the default."""
+    try:
+        number = max(int(value), 1)
+    except (TypeError, ValueError):
+        return default
+    return number if ceiling is None else min(number, ceiling)
+
+
+def _cut(text: str, limit: int) -> str:
+    """Text of at most about `limit` characters, cut at a word."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " …"
+
+
+def _field(item: Any, name: str) -> Any:
+    """Read a field from a dict or an object (Open WebUI's SearchResult)."""
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
+
+
+def _first_made(
+    items: list, count: int, make: Callable[[Any], Made | None]
+) -> list[Made]:
+    """The first `count` items `make` turns into a result (None: not one).
+
+    An item `make` cannot read (an odd result object) is skipped.
+    """
+    made: list[Made] = []
+    for item in items:
+        if len(made) >= count:
+            break
         try:
-            return getattr(app_config, name)
-        except (AttributeError, KeyError):
+            result = make(item)
+        except Exception:  # noqa: S112  (an odd result object)
             continue
-    return None
+        if result:
+            made.append(result)
+    return made
