@@ -195,7 +195,7 @@ async def _in_process_rounds(rounds: int) -> float:
     started = time.perf_counter()
     emit = SafeEmitter(collect)
     ledger = SourceLedger()
-    renderer = ChatRenderer(ledger, Display())
+    renderer = ChatRenderer(Display())
     context = ToolContext(emitter=EventRelay(emit), chat_id="rounds")
     toolbox = Toolbox({"search": InstantSearch}, context)
     system = build_system_prompt(toolbox.available(), TODAY)

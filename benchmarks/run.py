@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 
 from . import (
+    checkpoints,
     concurrency,
     context,
     fanout,
@@ -56,6 +57,10 @@ BENCHMARKS: dict[str, tuple[str, Benchmark]] = {
     "hostile-2": (
         "13. Worst event-loop stall over round-2 hostile inputs",
         hostile_round2.run,
+    ),
+    "checkpoints": (
+        "14. Checkpointing a research: cost per round and size",
+        checkpoints.run,
     ),
 }
 #: Upper bound per benchmark, so a hang ends the run instead of CI's job.

@@ -12,10 +12,16 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from benchmarks import checkpoints
 from benchmarks.report import Row, table
+
+from tongyi_deepresearch_openwebui_pipeline.adapters.checkpoint_store import (
+    DirectoryStore,
+)
 
 # Runs the benchmarks (`--quick`): over a minute, so out of the quick loop
 # (`-m "not slow and …"`, see pyproject.toml); the full run has it.
@@ -52,6 +58,11 @@ FIGURES = (
     "runner batch: questions/min at concurrency 16",
     "runner batch: wrong or missing records",
     "round-2 hostile inputs (",
+    "checkpoint save, 10 rounds, directory: per round",
+    "checkpoint save, 10 rounds, directory: vs a real round",
+    "checkpoint save, 10 rounds, database: per round",
+    "checkpoint save, 10 rounds, database: vs a real round",
+    "checkpoint size after round 10",
 )
 
 
@@ -104,16 +115,24 @@ def test_quick_run_prints_every_figure_with_its_baseline(quick_run):
         peak = rows[f"context {context}: peak context / served"]
         assert rounds[1] == "12 (answer)" and refused[1] == "0", (rounds, refused)
         assert {rounds[5], refused[5], peak[5]} == {"PASS"}, (rounds, refused, peak)
+    # Checkpointing: every round saved, read back and removed, on both stores.
+    for store in ("directory", "database"):
+        for rounds in (10, 30):
+            checks = rows[f"checkpoint save, {rounds} rounds, {store}: checks"]
+            assert checks[1] == "0 problems" and checks[5] == "PASS", checks
+    for rounds in (10, 30):
+        assert rows[f"checkpoint size after round {rounds}"][5] == "PASS"
 
 
 def test_quick_run_reports_the_machine_and_each_benchmark(quick_run):
     out = quick_run.stdout
     assert re.search(r"\d+ cores, load average [\d.]+", out)
-    assert out.count("\n## ") == 13
+    assert out.count("\n## ") == 14
     assert "reference wrap-up: rounds before the forced answer" in out
     assert "Why the overhead is structural" in out
     assert "max loop lag" in out and "idle loop" in out
     assert "5 one-query calls in a row" in out
+    assert "round's wall time, no checkpoint" in out
 
 
 def test_quick_runs_never_fail_on_timing_but_fail_on_checks():
@@ -127,3 +146,29 @@ def test_quick_runs_never_fail_on_timing_but_fail_on_checks():
     assert rows["slow"][5] == "FAIL (not enforced: --quick)"
     assert rows["cross-talk"][5] == "FAIL"
     assert rows["fast"][5] == "PASS"
+
+
+async def test_checkpoint_checks_name_what_went_wrong(tmp_path: Path) -> None:
+    texts = checkpoints.synthetic_texts()
+    store = DirectoryStore(tmp_path)
+    run = await checkpoints.one_run(6, texts, store, "directory", "chat")
+    assert checkpoints.problems(run, "chat") == []
+    assert [save.size for save in run.saves][-1] == len(run.last)
+    kept = replace(run, left_behind=True)
+    assert checkpoints.problems(kept, "chat") == [
+        "the finished run's checkpoint was left in the store"
+    ]
+    unsaved = replace(run, saves=run.saves[:-1])
+    assert checkpoints.problems(unsaved, "chat") == ["5 saves for 6 rounds"]
+    earlier = await checkpoints.one_run(4, texts, store, "directory", "chat")
+    stale = replace(run, last=earlier.last)
+    assert checkpoints.problems(stale, "chat") == [
+        "the last checkpoint holds round 4 and 2 sources (expected 6, 3)"
+    ]
+    damaged = replace(run, last=b"{")
+    assert checkpoints.problems(damaged, "chat") == [
+        "the last checkpoint does not read back: it is not JSON"
+    ]
+    assert checkpoints.problems(run, "another chat") == [
+        "the last checkpoint does not read back: it belongs to another user or chat"
+    ]

@@ -16,7 +16,7 @@ from tongyi_deepresearch_openwebui_pipeline.core.checkpoint import (
 )
 from tongyi_deepresearch_openwebui_pipeline.core.events import Counters
 from tongyi_deepresearch_openwebui_pipeline.core.loop import RunState
-from tongyi_deepresearch_openwebui_pipeline.core.sources import Source
+from tongyi_deepresearch_openwebui_pipeline.core.sources import PageRead, Source
 
 SYSTEM = {"role": "system", "content": "You are a deep research assistant."}
 QUESTION = {"role": "user", "content": "Who built the first lighthouse?"}
@@ -121,14 +121,8 @@ def test_the_ledger_keeps_numbers_titles_and_redirects():
     alias = ledger.match("https://a.example/y")
     assert alias is not None and alias.number == 1
     # A page read after the resume gets the next number.
-    new = ledger.record(
-        {
-            "source": {"name": "C"},
-            "document": ["c"],
-            "metadata": [{"url": "https://c.example/"}],
-        }
-    )
-    assert new is not None and (new.number, new.title) == (3, "C")
+    new = ledger.record(PageRead("https://c.example/", "C", "c"))
+    assert (new.new, new.source.number, new.source.title) == (True, 3, "C")
 
 
 def test_an_oversized_history_is_left_out_before_the_conversation():

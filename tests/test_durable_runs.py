@@ -28,7 +28,7 @@ from tongyi_deepresearch_openwebui_pipeline.core.events import (
     ToolOutcome,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.loop import Limits
-from tongyi_deepresearch_openwebui_pipeline.core.sources import SourceLedger
+from tongyi_deepresearch_openwebui_pipeline.core.sources import PageRead, SourceLedger
 from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import ToolCall
 from tongyi_deepresearch_openwebui_pipeline.engine.checkpoints import (
     Checkpointer,
@@ -69,12 +69,8 @@ class Pages:
     async def run(self, call: ToolCall) -> ToolOutcome:
         url = call.arguments["url"][0]
         self.read.append(url)
-        data: dict[str, Any] = {
-            "source": {"name": f"Page {url[-1]}"},
-            "document": [f"evidence of {url}"],
-            "metadata": [{"url": url}],
-        }
-        return ToolOutcome(f"content of {url}", sources=(data,))
+        read = PageRead(url, f"Page {url[-1]}", f"evidence of {url}")
+        return ToolOutcome(f"content of {url}", pages=(read,))
 
 
 def checkpointer(store: DirectoryStore, owner: str = "user-1") -> Checkpointer:

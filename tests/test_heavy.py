@@ -340,10 +340,10 @@ class PageTools:
 
     async def run(self, call: Any) -> Any:
         from tongyi_deepresearch_openwebui_pipeline.core.events import ToolOutcome
+        from tongyi_deepresearch_openwebui_pipeline.core.sources import PageRead
 
         url = call.arguments["url"][0]
-        source = {"source": {"name": "Page", "url": url}, "document": ["It is 42."]}
-        return ToolOutcome("It is 42.", sources=(source,))
+        return ToolOutcome("It is 42.", pages=(PageRead(url, "Page", "It is 42."),))
 
 
 async def test_the_engine_runs_a_plan_without_any_front_end() -> None:

@@ -34,7 +34,7 @@ from tongyi_deepresearch_openwebui_pipeline.core.parallelmuse import (
     trajectory_records,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.protocol import TurnParser
-from tongyi_deepresearch_openwebui_pipeline.core.sources import SourceLedger
+from tongyi_deepresearch_openwebui_pipeline.core.sources import PageRead, SourceLedger
 from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import (
     ToolCall,
     wrap_response,
@@ -126,12 +126,8 @@ class RolloutPages:
 
     async def run(self, call: ToolCall) -> ToolOutcome:
         k = self.rollout
-        source = {
-            "source": {"name": f"Title {k}", "url": page(k)},
-            "document": [PAGES[k]],
-            "metadata": [{"source": page(k), "name": f"Title {k}"}],
-        }
-        return ToolOutcome(PAGES[k], sources=(source,))
+        read = PageRead(page(k), f"Title {k}", PAGES[k])
+        return ToolOutcome(PAGES[k], pages=(read,))
 
 
 class Script:

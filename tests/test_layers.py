@@ -182,13 +182,12 @@ def test_both_front_ends_describe_a_call_by_its_catalog_entry(
         RoundStarted,
         ToolCallStarted,
     )
-    from tongyi_deepresearch_openwebui_pipeline.core.sources import SourceLedger
     from tongyi_deepresearch_openwebui_pipeline.runner.render import (
         TerminalRenderer,
     )
 
     line = describe_call(name, arguments)
-    chat = ChatRenderer(SourceLedger(), Display())
+    chat = ChatRenderer(Display())
     terminal = TerminalRenderer()
     chat.render(RoundStarted(2, 9))
     terminal.render(RoundStarted(2, 9))
@@ -256,3 +255,28 @@ def test_the_circle_check_sees_a_lazy_import_closing_a_circle() -> None:
     graph[toolbox] = {catalog}
     circle = import_circle(graph)
     assert set(circle) == {catalog, files, toolbox}
+
+
+# -- the terminal renders for itself --------------------------------------------------
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The modules ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for name in graph.get(todo.pop(), set()) - seen:
+            seen.add(name)
+            todo.append(name)
+    return seen
+
+
+def test_the_runner_reaches_no_open_webui_renderer() -> None:
+    # The terminal lays a run out itself (runner/render.py, runner/results.py):
+    # no runner module imports the chat's renderer, not even through another.
+    graph = {name: imported_modules(path) for name, path in ALL_MODULES.items()}
+    chat_renderer = module_name(PACKAGE / "adapters" / "openwebui" / "render.py")
+    runner = [name for name in graph if name.startswith(f"{NAME}.runner")]
+    assert len(runner) > 5
+    reaching = [name for name in runner if chat_renderer in reachable(graph, name)]
+    assert reaching == []

@@ -20,7 +20,9 @@ from tests.fakes.searxng import FakeSearXNG, Script, result
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
     Toolbox,
     ToolContext,
+    page_read,
 )
+from tongyi_deepresearch_openwebui_pipeline.core.sources import PageRead
 from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import ToolCall
 from tongyi_deepresearch_openwebui_pipeline.tools import (
     scholar_tool,
@@ -196,20 +198,88 @@ async def test_a_visit_returns_the_pages_it_read_in_the_order_asked(
         goal="g",
     )
     assert outcome.ok
-    urls = [source["metadata"][0]["url"] for source in outcome.sources]
+    urls = [page.url for page in outcome.pages]
     assert urls == [read_first, read_second]  # once each, the failed one left out
-    first = outcome.sources[0]
-    assert first["source"] == {"name": "Solar Panels & Efficiency", "url": read_first}
-    assert first["document"][0].startswith("# Solar panel efficiency in 2024")
-    assert first["metadata"][0]["goal"] == "g"
+    first = outcome.pages[0]
+    assert (first.title, first.goal) == ("Solar Panels & Efficiency", "g")
+    assert first.evidence.startswith("# Solar panel efficiency in 2024")
     # What a call adds to the run's tallies comes from the tool catalog.
     assert outcome.counts == (("pages_requested", 4),)
 
 
 async def test_a_search_reads_no_pages() -> None:
     outcome = await run({"search": search_tool.Tools}, "search", query=["a", "b"])
-    assert outcome.sources == ()
+    assert outcome.pages == ()
     assert outcome.counts == (("searches", 2),)
+
+
+# -- a tool's source becomes the core's page read, once ----------------------------
+
+VISIT_SOURCE = {
+    "source": {"name": "Solar", "url": "https://a.example/solar"},
+    "document": ["Panels convert 22%.\n\n[Read: main content, 10 of 20 characters]"],
+    "metadata": [
+        {
+            "source": "https://a.example/solar",
+            "name": "Solar",
+            "url": "https://a.example/solar",
+            "final_url": "https://www.a.example/solar/",
+            "redirects": ["https://a.example/solar?x=1", 7, ""],
+            "goal": "efficiency",
+            "summary": "Panels convert 22%.",
+            "kept": "main content, 10 of 20 characters",
+        }
+    ],
+}
+
+
+def test_a_visit_source_becomes_a_page_read() -> None:
+    assert page_read(VISIT_SOURCE) == PageRead(
+        url="https://a.example/solar",
+        title="Solar",
+        evidence="Panels convert 22%.\n\n[Read: main content, 10 of 20 characters]",
+        summary="Panels convert 22%.",
+        final_url="https://www.a.example/solar/",
+        redirects=("https://a.example/solar?x=1",),
+        goal="efficiency",
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # The URL from metadata[0].url, else .source, else source.url; the
+        # title from source.name, else metadata[0].name.
+        (
+            {"metadata": [{"source": "https://b.example/", "name": "B"}]},
+            PageRead("https://b.example/", "B"),
+        ),
+        (
+            {"source": {"url": "https://c.example/"}, "document": ["ev"]},
+            PageRead("https://c.example/", evidence="ev"),
+        ),
+        # Shapes no tool of ours writes are read as far as they go.
+        (
+            {"source": {"url": "https://d.example/"}, "metadata": {"url": "x"}},
+            PageRead("https://d.example/"),
+        ),
+        ({"source": {"url": "file:///etc/passwd"}}, None),
+        ({"source": {"name": "no address"}, "document": ["ev"]}, None),
+        ("https://e.example/", None),
+    ],
+)
+def test_what_a_source_names_is_the_page_read(source: Any, expected: Any) -> None:
+    assert page_read(source) == expected
+
+
+async def test_a_result_keeps_only_the_pages_it_names() -> None:
+    class Reader:
+        async def search(self, query: list[str]) -> str:
+            sources = (VISIT_SOURCE, {"source": {"url": "javascript:x"}}, "junk")
+            return search_tool.ToolResult("read", ok=True, sources=sources)
+
+    outcome = await run({"search": Reader}, "search", query=["x"])
+    assert outcome.pages == (page_read(VISIT_SOURCE),)
 
 
 async def test_sources_a_tool_only_emits_are_not_the_runs() -> None:

@@ -14,10 +14,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tongyi_deepresearch_openwebui_pipeline.core.sources import (
-    SourceLedger,
+from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.render import (
     source_event,
 )
+from tongyi_deepresearch_openwebui_pipeline.core.sources import PageRead, SourceLedger
 
 
 def frontend_0_12(sources: list[dict[str, Any]]) -> list[str]:
@@ -46,15 +46,9 @@ def frontend_0_6(sources: list[dict[str, Any]]) -> list[str]:
 
 
 def read(ledger: SourceLedger, url: str, title: str, emitted: list[dict[str, Any]]):
-    source = ledger.record(
-        {
-            "source": {"name": title, "url": url},
-            "document": [f"evidence of {url}"],
-            "metadata": [{"source": url, "url": url, "name": title}],
-        }
-    )
-    if source is not None:  # what the renderer emits for a new source
-        emitted.append(source_event(source)["data"])
+    recorded = ledger.record(PageRead(url, title, f"evidence of {url}"))
+    if recorded.new:  # what the renderer emits for a new source
+        emitted.append(source_event(recorded.source)["data"])
 
 
 PAGES = st.lists(

@@ -48,6 +48,7 @@ from tongyi_deepresearch_openwebui_pipeline.core.prompts import (
     resumption_message,
     summary_prompt,
 )
+from tongyi_deepresearch_openwebui_pipeline.core.sources import PageRead
 from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import (
     ToolCall,
     wrap_response,
@@ -202,12 +203,8 @@ class PageTools:
     async def run(self, call: ToolCall) -> ToolOutcome:
         url = call.arguments["url"][0]
         page = int(url.rsplit("/", 1)[1])
-        source = {
-            "source": {"name": hostile_title(page), "url": url},
-            "document": [evidence_for(page)],
-            "metadata": [{"source": url, "name": hostile_title(page)}],
-        }
-        return ToolOutcome(evidence_for(page) + HOSTILE_PAGE, sources=(source,))
+        read = PageRead(url, hostile_title(page), evidence_for(page))
+        return ToolOutcome(evidence_for(page) + HOSTILE_PAGE, pages=(read,))
 
 
 def is_summary_request(messages: list[dict[str, Any]]) -> bool:

@@ -7,39 +7,37 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.render import (
+    source_event,
+)
 from tongyi_deepresearch_openwebui_pipeline.core import sources
 from tongyi_deepresearch_openwebui_pipeline.core.sources import (
     MAX_LINK_CHARS,
     MAX_URL_CHARS,
     UNVERIFIED_MARK,
     CitationRewriter,
+    PageRead,
+    SourceBook,
     SourceLedger,
     normalise_url,
     rewrite_answer,
-    source_event,
 )
 
 
-def add_read_page(ledger, data):
+def add_read_page(ledger, page):
     """Record a page read; the source event to emit when it is new."""
-    source = ledger.record(data)
-    return source_event(source) if source is not None else None
+    recorded = ledger.record(page)
+    return source_event(recorded.source) if recorded.new else None
 
 
 def page(url, title="T", evidence="E", final_url=None, redirects=()):
-    return {
-        "source": {"name": title, "url": url},
-        "document": [evidence],
-        "metadata": [
-            {
-                "source": url,
-                "url": url,
-                "name": title,
-                "final_url": final_url or url,
-                "redirects": list(redirects),
-            }
-        ],
-    }
+    return PageRead(
+        url,
+        title,
+        evidence,
+        final_url=final_url or url,
+        redirects=tuple(redirects),
+    )
 
 
 @pytest.mark.parametrize(
@@ -110,10 +108,85 @@ def test_redirects_recorded_by_visit_match():
     assert ledger.match("https://long.org/article/#top") is ledger.sources[0]
 
 
-def test_non_http_sources_are_ignored():
+def test_a_page_read_again_from_a_new_address_is_cited_from_it_too():
     ledger = SourceLedger()
-    assert add_read_page(ledger, page("file:///etc/passwd")) is None
-    assert len(ledger) == 0
+    first = ledger.record(page("https://a.org/x", "A"))
+    again = ledger.record(
+        page("https://short.ly/1", "A", final_url="https://a.org/x", evidence="EE")
+    )
+    assert (again.source, again.new, again.readdressed) == (first.source, False, True)
+    assert first.source.aliases == {
+        normalise_url("https://a.org/x"),
+        normalise_url("https://short.ly/1"),
+    }
+    assert first.source.evidence == "EE"
+    # Read a third time from those addresses: nothing new is learnt.
+    third = ledger.record(page("https://short.ly/1", "A", final_url="https://a.org/x"))
+    assert (third.new, third.readdressed, ledger.reads) == (False, False, 3)
+
+
+def test_an_address_another_source_holds_stays_that_sources():
+    ledger = SourceLedger()
+    ledger.record(page("https://a.org/x", "A"))
+    ledger.record(page("https://b.org/y", "B"))
+    # Asked for a.org, ended at b.org: it is a.org's source, b.org stays B's.
+    again = ledger.record(page("https://a.org/x", "A", final_url="https://b.org/y"))
+    assert (again.source.number, again.readdressed) == (1, False)
+    assert ledger.match("https://b.org/y") is ledger.sources[1]
+
+
+ADDRESSES = [
+    "https://a.org/x",
+    "https://a.org/x/",
+    "https://b.org/y",
+    "https://short.ly/1",
+    "https://short.ly/2",
+    "http://www.c.org/z",
+]
+PAGE_READS = st.lists(
+    st.tuples(
+        st.sampled_from(ADDRESSES),
+        st.sampled_from(["", *ADDRESSES]),
+        st.lists(st.sampled_from(ADDRESSES), max_size=2),
+    ),
+    max_size=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(PAGE_READS)
+def test_a_book_of_the_ledgers_sources_cites_as_the_ledger_does(reads):
+    ledger = SourceLedger()
+    for url, final_url, redirects in reads:
+        ledger.record(PageRead(url, final_url=final_url, redirects=tuple(redirects)))
+    book = SourceBook(ledger.sources)
+    restored = SourceLedger()
+    restored.restore(ledger.sources, ledger.reads)
+    assert book.sources == ledger.sources
+    for address in ADDRESSES:
+        cited = ledger.match(address)
+        assert book.match(address) is cited, address
+        # A checkpoint keeps what a re-read taught (the sources' aliases).
+        assert restored.match(address) is cited, address
+
+
+def test_a_book_learns_sources_in_any_order_and_numbers_them():
+    ledger = SourceLedger()
+    for url in ("https://a.org/x", "https://b.org/y", "https://c.org/z"):
+        ledger.record(page(url))
+    first, second, third = ledger.sources
+    book = SourceBook()
+    book.add([third])
+    book.add([first, second])
+    book.add([first])  # told again (a run's end tells them all)
+    assert (book.sources, len(book)) == ([first, second, third], 3)
+    assert book.match("https://b.org/y/") is second
+    assert book.match("https://d.org/") is None
+
+
+def test_a_page_read_is_an_http_page():
+    with pytest.raises(ValueError, match="not an http"):
+        PageRead("file:///etc/passwd")
 
 
 def make_ledger():

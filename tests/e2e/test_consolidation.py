@@ -101,6 +101,10 @@ async def test_forty_rounds_outlive_a_16k_context(
     assert sources[0] == first
     assert len(sources) == ROUNDS - 1
     assert f"1. [{first}]({first})" in content
+    # One card per page read: 0.6's middleware copied every earlier card at
+    # each new `<think>` (667 cards for 39, until the pipe sent its reasoning
+    # as `reasoning_content` there).
+    assert content.count('<details type="tool_calls"') == ROUNDS - 1
     # One card per consolidation, and the summary's lines.
     assert content.count("<summary>Consolidation ") == research.summaries
     assert "<summary>Consolidation 1 · context " in content

@@ -25,6 +25,7 @@ from tongyi_deepresearch_openwebui_pipeline.core.prompts import (
     QUERY_SUMMARY_PROMPT,
     WRAP_UP_MESSAGE,
 )
+from tongyi_deepresearch_openwebui_pipeline.core.sources import PageRead
 from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import ToolCall
 
 from .openai_server import Reply, answer, tool_call
@@ -136,9 +137,5 @@ class EvidenceTools:
         url = call.arguments["url"][0]
         page = int(url.rsplit("/", 1)[1])
         text = f"The useful information in {url}:\n{evidence_for(page)}"
-        source = {
-            "source": {"name": f"Page {page}", "url": url},
-            "document": [text],
-            "metadata": [{"source": url, "name": f"Page {page}"}],
-        }
-        return ToolOutcome(text, sources=(source,), counts=(("pages_requested", 1),))
+        read = PageRead(url, f"Page {page}", text)
+        return ToolOutcome(text, pages=(read,), counts=(("pages_requested", 1),))

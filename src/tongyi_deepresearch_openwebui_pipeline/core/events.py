@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from .sources import Source
+from .sources import PageRead, Source
 from .toolcalls import ToolCall
 
 Termination = Literal[
@@ -128,15 +128,15 @@ class ModelPort(Protocol):
 class ToolOutcome:
     """What a tool returned, as the tool itself said it.
 
-    ``text`` is for the model; ``ok`` says whether the call worked; ``sources``
-    are the pages it read (each the ``data`` of an Open WebUI source event:
-    ``source``, ``document``, ``metadata``); ``counts`` adds to the run's
-    tallies (``searches``, ``pages_requested``).
+    ``text`` is for the model; ``ok`` says whether the call worked; ``pages``
+    are the pages it read (the tool port makes them from the tool's own
+    format); ``counts`` adds to the run's tallies (``searches``,
+    ``pages_requested``).
     """
 
     text: str
     ok: bool = True
-    sources: tuple[dict[str, Any], ...] = ()
+    pages: tuple[PageRead, ...] = ()
     counts: tuple[tuple[str, int], ...] = ()
 
 
@@ -214,7 +214,7 @@ class ToolCallStarted:
 class ToolCallFinished:
     """A tool call finished (or could not run: ``ok`` is False).
 
-    ``sources`` are the pages it read, as the tool returned them.
+    ``pages`` are the pages it read.
     """
 
     index: int
@@ -223,7 +223,7 @@ class ToolCallFinished:
     result: str
     ok: bool
     seconds: float
-    sources: tuple[dict[str, Any], ...] = ()
+    pages: tuple[PageRead, ...] = ()
     kind: str = "tool_finished"
 
 
@@ -233,6 +233,18 @@ class SourcesAdded:
 
     sources: tuple[Source, ...]
     kind: str = "sources_added"
+
+
+@dataclass(frozen=True)
+class AliasesAdded:
+    """Sources read before, now also cited from an address they were not.
+
+    A page read again from another address that redirected to it (run
+    engine); each source comes with every address it is cited from.
+    """
+
+    sources: tuple[Source, ...]
+    kind: str = "aliases_added"
 
 
 @dataclass(frozen=True)
@@ -356,6 +368,8 @@ class RunFinished:
     rollouts: tuple[RolloutSummary, ...] = ()
     #: The run's sources in citation order (set by the run engine).
     sources: tuple[Source, ...] = ()
+    #: Pages read successfully, re-reads included (set by the run engine).
+    pages_read: int = 0
     #: How the lab's agent names this ending (one of the ``LAB_*`` strings),
     #: "" when it has no name for it: the ``termination`` of a lab record.
     lab_termination: str = ""
@@ -406,6 +420,7 @@ Event = (
     | Consolidated
     | ConsolidationFailed
     | SourcesAdded
+    | AliasesAdded
     | RunResumed
     | RunFinished
 )

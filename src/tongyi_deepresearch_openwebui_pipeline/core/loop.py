@@ -111,7 +111,6 @@ from .events import (
 from .history import content_text
 from .prompts import CALLS_EXCEEDED_MESSAGE, WRAP_UP_MESSAGE
 from .protocol import Fragment, Turn, TurnParser
-from .sources import page_read
 from .toolcalls import (
     CallError,
     ToolCall,
@@ -892,9 +891,7 @@ class ResearchLoop:
             zip(planned, timed, strict=True)
         ):
             self._tally(call, outcome)
-            self.state.pages.extend(
-                page for data in outcome.sources if (page := page_read(data))
-            )
+            self.state.pages.extend((page.url, page.title) for page in outcome.pages)
             yield ToolCallFinished(
                 index,
                 call.name,
@@ -902,7 +899,7 @@ class ResearchLoop:
                 outcome.text,
                 outcome.ok,
                 seconds,
-                outcome.sources,
+                outcome.pages,
             )
         self.state.add(
             {"role": "user", "content": wrap_responses(o.text for o, _ in timed)}

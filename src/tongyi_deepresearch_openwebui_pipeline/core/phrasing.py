@@ -3,15 +3,21 @@
 The chat (`adapters/openwebui/render.py`) and the terminal (`runner/render.py`,
 `runner/results.py`) lay a run out differently, but they say its token counts,
 its duration, its round and the notes under an answer that did not end as
-asked in the same words. Those words are written here once; what each front
-end puts around them (Markdown, emoji, prefixes, line ends) stays with it.
-How a tool call is described is the tool's own business: its `ToolDef` in
+asked in the same words, and both list the sources read in the same Markdown
+(`sources_list`, titles and URLs escaped). Those words are written here once;
+what each front end puts around them (emoji, prefixes, line ends) stays with
+it. How a tool call is described is the tool's own business: its `ToolDef` in
 `adapters/openwebui/catalog.py`.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+from urllib.parse import quote
+
 from .events import TERMINATION_TEXT
+from .sources import Source
 
 #: Under an answer the model wrote without ``<answer>`` tags.
 UNMARKED_ANSWER_NOTE = "*(The model did not mark this as its final answer.)*"
@@ -52,3 +58,33 @@ def resumed_text(rounds: int, pages: int) -> str:
         f"Resuming the research from round {rounds + 1}: {kept} read before "
         "the interruption are kept."
     )
+
+
+#: What can start markup inside link text (emphasis, code, links, images,
+#: HTML, tables, strikethrough, entities); other punctuation is left readable.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]()<>!|~&])")
+_URL_UNSAFE = re.compile(r"[\s()<>\[\]\"'`\\]")
+#: Control characters (C0 but tab and newline, DEL, C1): never meaningful in
+#: a title or a message, and escape sequences to a terminal that shows the
+#: list (the runner). Removed before escaping, so that Markdown's backslash
+#: cannot turn ``ESC ]`` into ``ESC \\`` (a terminal's string terminator).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def markdown_text(text: str) -> str:
+    """``text`` shown literally inside Markdown (link text included)."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", _CONTROL.sub("", text))
+
+
+def markdown_url(url: str) -> str:
+    """An http(s) URL safe inside ``[text](url)``: no way out of the parens."""
+    return _URL_UNSAFE.sub(lambda m: quote(m.group(0), safe=""), url)
+
+
+def sources_list(sources: Iterable[Source]) -> str:
+    """A numbered Markdown list of the sources read, with links ("" for none)."""
+    items = "\n".join(
+        f"{source.number}. [{markdown_text(source.title)}]({markdown_url(source.url)})"
+        for source in sources
+    )
+    return f"\n\n**Sources read**\n\n{items}\n" if items else ""

@@ -1,7 +1,10 @@
 """Sources the agent actually read, and citations that point only at them.
 
-Every page the visit tool read becomes a numbered source (in the order it was
-first read); the final answer's links and bare URLs are matched against them:
+A page a tool read reaches the core as a `PageRead` (the front end's adapter
+makes it from the tool's result). The run engine's `SourceLedger` makes each
+distinct page a numbered source (in the order it was first read) and says so
+in events; a renderer keeps its own `SourceBook` of them, learnt from those
+events. The final answer's links and bare URLs are matched against them:
 
 - a link to a page read in this run gets its citation number: ``[text](url) [3]``,
   which Open WebUI turns into a clickable chip showing the extracted evidence;
@@ -27,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 UNVERIFIED_MARK = "*(unverified)*"
@@ -62,9 +65,62 @@ def normalise_url(url: str) -> str:
     return urlunsplit((scheme, host, path, urlencode(sorted(query)), ""))
 
 
+#: What a page's address starts with (anything else is not a page read).
+PAGE_SCHEMES = ("http://", "https://")
+
+
+def is_page_url(url: str) -> bool:
+    """Whether ``url`` is an http(s) address, the only kind a page read has."""
+    return url.startswith(PAGE_SCHEMES)
+
+
+@dataclass(frozen=True)
+class PageRead:
+    """A page a tool read, as the core knows it.
+
+    A front end's adapter makes one from what its tool returned, once (Open
+    WebUI's tools say it as a source event's ``data``: `toolbox.page_read`);
+    the core never reads a tool's own format.
+    """
+
+    #: The address the model asked for (http or https).
+    url: str
+    title: str = ""
+    #: What the tool found on the page for the goal (shown with a citation).
+    evidence: str = ""
+    #: The tool's one-line summary of the page, if it wrote one.
+    summary: str = ""
+    #: Where the request ended after redirects ("" when it did not move).
+    final_url: str = ""
+    #: The addresses it was redirected through.
+    redirects: tuple[str, ...] = ()
+    #: What the page was read for.
+    goal: str = ""
+
+    def __post_init__(self) -> None:
+        """Refuse an address that is not a page's (the type's one promise)."""
+        if not is_page_url(self.url):
+            raise ValueError(f"not an http(s) page: {self.url[:80]!r}")
+
+    def citation_keys(self) -> list[str]:
+        """The comparison keys of every address the page was reached by.
+
+        In order (the URL asked for, where it ended, the redirects between),
+        each once: an earlier one decides which known source a page is.
+        """
+        addresses = (self.url, self.final_url, *self.redirects)
+        keys = (normalise_url(address) for address in addresses if address)
+        return list(dict.fromkeys(keys))
+
+
 @dataclass
 class Source:
-    """One page read in this run."""
+    """One page read in this run.
+
+    ``aliases`` are the comparison keys (`normalise_url`) of every address
+    that cites it: its URL's, the redirects it was reached by, and those of
+    later reads that reached it again from elsewhere.
+    """
 
     number: int
     url: str
@@ -75,19 +131,35 @@ class Source:
     #: The heavy run's rollouts that read it (empty in a single run).
     readers: set[int] = field(default_factory=set)
 
+    def citation_keys(self) -> list[str]:
+        """Every comparison key that cites it, its URL's first."""
+        return [normalise_url(self.url), *sorted(self.aliases)]
 
-def page_read(data: dict[str, Any]) -> tuple[str, str] | None:
-    """(url, title) of a page read (a source event's ``data``); None if not a page."""
-    source = data.get("source") or {}
-    metadata = (data.get("metadata") or [{}])[0] or {}
-    url = str(metadata.get("url") or metadata.get("source") or source.get("url") or "")
-    if not url.startswith(("http://", "https://")):
-        return None
-    return url, str(source.get("name") or metadata.get("name") or "")
+
+@dataclass(frozen=True)
+class Recorded:
+    """What recording one page read did to the ledger.
+
+    ``source`` is the page's source; ``new`` says the page was read for the
+    first time (it got its number now); ``readdressed`` says an earlier
+    source is now cited from an address it was not before.
+    """
+
+    source: Source
+    new: bool = False
+    readdressed: bool = False
+
+
+class Citations(Protocol):
+    """What the citation rewriter asks of the run's sources."""
+
+    def match(self, url: str) -> Source | None:
+        """The source ``url`` cites, if any."""
+        ...
 
 
 class SourceLedger:
-    """The run's sources, in citation order."""
+    """The run's sources, in citation order: the run engine's, numbered once."""
 
     def __init__(self) -> None:
         """Start empty."""
@@ -121,72 +193,85 @@ class SourceLedger:
         for source in sources:
             self.sources.append(source)
             self._titles.add(source.title)
-            for key in {normalise_url(source.url), *source.aliases}:
+            for key in source.citation_keys():
                 self._by_key.setdefault(key, source)
         self.reads = reads
 
-    def record(self, data: dict[str, Any], reader: int = 0) -> Source | None:
-        """Record a page read (a source event's ``data``); the source if new.
+    def record(self, page: PageRead, reader: int = 0) -> Recorded:
+        """Record a page read: a new source, or the one it was read as before.
 
         `reader` is the heavy run's rollout that read the page (0: none).
         """
-        page = page_read(data)
-        if page is None:
-            return None
-        url, name = page
-        metadata = (data.get("metadata") or [{}])[0] or {}
         self.reads += 1
-        documents = data.get("document") or [""]
-        evidence = str(documents[0]) if documents else ""
-        aliases = {normalise_url(url)}
-        for extra in [metadata.get("final_url"), *(metadata.get("redirects") or [])]:
-            if isinstance(extra, str) and extra:
-                aliases.add(normalise_url(extra))
-        known = next(
-            (self._by_key[key] for key in aliases if key in self._by_key), None
-        )
-        if known is not None:
-            # Read again (maybe for another goal): keep the richer evidence.
-            if len(evidence) > len(known.evidence):
-                known.evidence = evidence
-            if reader:
-                known.readers.add(reader)
-            for key in aliases:
-                self._by_key.setdefault(key, known)
-            return None
-        title = self._unique_title(name, url)
+        keys = page.citation_keys()
+        known = next((self._by_key[key] for key in keys if key in self._by_key), None)
+        if known is None:
+            return Recorded(self._new_source(page, keys, reader), new=True)
+        # Read again (maybe for another goal): keep the richer evidence.
+        if len(page.evidence) > len(known.evidence):
+            known.evidence = page.evidence
+        if reader:
+            known.readers.add(reader)
+        # An address another source already holds stays that source's.
+        learned = [key for key in keys if key not in self._by_key]
+        for key in learned:
+            self._by_key[key] = known
+        known.aliases.update(learned)
+        return Recorded(known, readdressed=bool(learned))
+
+    def _new_source(self, page: PageRead, keys: list[str], reader: int) -> Source:
         entry = Source(
             number=len(self.sources) + 1,
-            url=url,
-            title=title,
-            evidence=evidence,
-            summary=str(metadata.get("summary") or ""),
-            aliases=aliases,
+            url=page.url,
+            title=self._unique_title(page.title, page.url),
+            evidence=page.evidence,
+            summary=page.summary,
+            aliases=set(keys),
             readers={reader} if reader else set(),
         )
         self.sources.append(entry)
-        for key in aliases:
+        for key in keys:
             self._by_key[key] = entry
         return entry
 
 
-def source_event(source: Source) -> dict[str, Any]:
-    """The ``source`` event that numbers citations right on 0.6 – 0.12.
+class SourceBook:
+    """A front end's own copy of the run's sources, learnt from its events.
 
-    One event per distinct URL, one document, and ``metadata[0].source`` set to
-    the URL with a unique ``name``: 0.12 keys citations by ``metadata.source``
-    and 0.6 by label, so ``[n]`` is the n-th emitted source on both.
+    The run engine's `SourceLedger` numbers the pages; a renderer is told of
+    each source by the events (`SourcesAdded`, `AliasesAdded`, `RunResumed`,
+    `RunFinished`) and adds it here, where the citation rewriter looks URLs
+    up. An address cites the source the ledger gave it (the ledger never
+    gives one to two; where a checkpoint does, the first told keeps it, as
+    the ledger's `restore` does).
     """
-    return {
-        "type": "source",
-        "data": {
-            "source": {"name": source.title, "url": source.url},
-            "document": [source.evidence or source.summary or source.title],
-            "metadata": [
-                {"source": source.url, "name": source.title, "url": source.url}
-            ],
-        },
-    }
+
+    def __init__(self, sources: Iterable[Source] = ()) -> None:
+        """Start with ``sources`` (those a finished run's end carries)."""
+        self._by_number: dict[int, Source] = {}
+        self._numbers: dict[str, int] = {}
+        self.add(sources)
+
+    def __len__(self) -> int:
+        """Number of sources known."""
+        return len(self._by_number)
+
+    @property
+    def sources(self) -> list[Source]:
+        """The sources in citation order."""
+        return [self._by_number[number] for number in sorted(self._by_number)]
+
+    def add(self, sources: Iterable[Source]) -> None:
+        """Learn ``sources``: new ones, or known ones cited from more addresses."""
+        for source in sorted(sources, key=lambda source: source.number):
+            self._by_number[source.number] = source
+            for key in source.citation_keys():
+                self._numbers.setdefault(key, source.number)
+
+    def match(self, url: str) -> Source | None:
+        """The source for ``url`` (or any URL that redirected to it)."""
+        number = self._numbers.get(normalise_url(url))
+        return None if number is None else self._by_number[number]
 
 
 # -- rewriting the answer --
@@ -297,7 +382,7 @@ def _links(text: str) -> list[re.Match[str]]:
     return found
 
 
-def _rewrite_complete(text: str, ledger: SourceLedger) -> tuple[str, bool]:
+def _rewrite_complete(text: str, citations: Citations) -> tuple[str, bool]:
     """Rewrite a piece of text that holds no unfinished link or URL.
 
     Also says whether the result ends with an inserted citation (what
@@ -306,17 +391,17 @@ def _rewrite_complete(text: str, ledger: SourceLedger) -> tuple[str, bool]:
     out = _Output()
     position = 0
     for match in _links(text):
-        _rewrite_plain(text[position : match.start()], ledger, out)
-        _rewrite_link(match, ledger, out)
+        _rewrite_plain(text[position : match.start()], citations, out)
+        _rewrite_link(match, citations, out)
         position = match.end()
-    _rewrite_plain(text[position:], ledger, out)
+    _rewrite_plain(text[position:], citations, out)
     rewritten = _ACTIVE_TAG.sub("<" + ZERO_WIDTH_SPACE, out.text())
     return rewritten, out.after_citation
 
 
-def _rewrite_link(match: re.Match[str], ledger: SourceLedger, out: _Output) -> None:
+def _rewrite_link(match: re.Match[str], citations: Citations, out: _Output) -> None:
     image, text, target, title = match.group(1, 2, 3, 4)
-    source = ledger.match(target.strip("<>"))  # matched as written
+    source = citations.match(target.strip("<>"))  # matched as written
     target = _encode_brackets(target)
     if not image or source is not None:
         # A link, or an image the agent itself read: its title stays inside
@@ -330,7 +415,7 @@ def _rewrite_link(match: re.Match[str], ledger: SourceLedger, out: _Output) -> N
     # as text (the URL stays visible and clickable), never loaded; its title
     # is then text too, rewritten as such (an image in it stays no image).
     out.add(f"!\\[{text}\\]({target}")
-    _rewrite_plain(title or "", ledger, out)
+    _rewrite_plain(title or "", citations, out)
     out.add(")")
     out.add(f" {UNVERIFIED_MARK}", citation=True)
 
@@ -389,38 +474,38 @@ def _context_after(text: str, previous: str) -> str:
     return "a" if _word_char(text[-1]) else text[-1]
 
 
-def _rewrite_plain(text: str, ledger: SourceLedger, out: _Output) -> None:
+def _rewrite_plain(text: str, citations: Citations, out: _Output) -> None:
     # URLs are found in the text as written, before anything is escaped: an
     # inserted backslash must never become part of a URL.
     position = 0
     for match in _BARE_URL.finditer(text):
         before = _context_before(text, position)
         out.add(_escape_plain(text[position : match.start()], before))
-        _cite_bare(match.group(0), ledger, out)
+        _cite_bare(match.group(0), citations, out)
         position = match.end()
     out.add(_escape_plain(text[position:], _context_before(text, position)))
 
 
-def _cite_bare(url: str, ledger: SourceLedger, out: _Output) -> None:
+def _cite_bare(url: str, citations: Citations, out: _Output) -> None:
     if len(url) > MAX_URL_CHARS:
         out.add(_encode_brackets(url))  # too long to cite: passed on
         return
     if url.startswith("<"):  # an autolink: <https://…>
         out.add(_encode_brackets(url))
-        out.add(_cite(ledger.match(url[1:-1])), citation=True)
+        out.add(_cite(citations.match(url[1:-1])), citation=True)
         return
     trailing = ""
     while url and url[-1] in _URL_TRAILING:
         trailing = url[-1] + trailing
         url = url[:-1]
     out.add(_encode_brackets(url))
-    out.add(_cite(ledger.match(url)), citation=True)
+    out.add(_cite(citations.match(url)), citation=True)
     out.add(trailing)
 
 
-def rewrite_answer(text: str, ledger: SourceLedger) -> str:
+def rewrite_answer(text: str, citations: Citations) -> str:
     """Rewrite a whole answer at once (same result as streaming it)."""
-    rewriter = CitationRewriter(ledger)
+    rewriter = CitationRewriter(citations)
     return rewriter.feed(text) + rewriter.flush()
 
 
@@ -436,9 +521,9 @@ class CitationRewriter:
     #: Held-back text this short is re-examined on every piece.
     RECHECK_AT_ONCE = 64
 
-    def __init__(self, ledger: SourceLedger) -> None:
-        """Rewrite against ``ledger``."""
-        self._ledger = ledger
+    def __init__(self, citations: Citations) -> None:
+        """Rewrite against ``citations``."""
+        self._citations = citations
         self._pending = ""
         self._arrived: list[str] = []
         self._unexamined = 0
@@ -513,7 +598,7 @@ class CitationRewriter:
         # cut off again: each comes out as itself, a tag's "<" included (the
         # zero-width space after it stays with the text).
         before = self._before
-        rewritten, cited = _rewrite_complete(before + ready, self._ledger)
+        rewritten, cited = _rewrite_complete(before + ready, self._citations)
         rewritten = rewritten[len(before) :]
         if self._after_citation:
             rewritten = _escape_after_citation(rewritten)

@@ -52,6 +52,7 @@ from typing import Any
 from ..core.budget import MESSAGE_OVERHEAD_TOKENS, estimate_text_tokens, messages_tokens
 from ..core.events import (
     TERMINATION_TEXT,
+    AliasesAdded,
     Consolidated,
     ContextWarning,
     Event,
@@ -219,11 +220,13 @@ async def single_run(
 ) -> AsyncGenerator[RunEvent, None]:
     """One research run: the loop's events, with the pages read numbered.
 
-    The sources the tools return are recorded in `ledger` as they come
-    (`SourcesAdded` after the call that read them); `RunFinished` carries
-    them all. With a `checkpointer`, the state is saved before every round
-    after the first and after every consolidation, and forgotten when the
-    run ends (but after an error, which a later try may go on from).
+    The pages the tools read are recorded in `ledger` as they come
+    (`SourcesAdded` after the call that read them first); `RunFinished`
+    carries them all. The ledger is the engine's: a front end learns the
+    sources from these events alone. With a `checkpointer`, the state is
+    saved before every round after the first and after every consolidation,
+    and forgotten when the run ends (but after an error, which a later try
+    may go on from).
     `resuming`: `state` and `ledger` come from a checkpoint (said first).
     """
     said = 0
@@ -284,17 +287,34 @@ async def _stream_of(
 
 
 def _with_sources(event: Event, ledger: SourceLedger, reader: int) -> list[Event]:
-    """`event`, then `SourcesAdded` for the pages it read first (or with sources)."""
-    if isinstance(event, ToolCallFinished) and event.sources:
-        added = tuple(
-            source
-            for data in event.sources
-            if (source := ledger.record(data, reader)) is not None
-        )
-        return [event, SourcesAdded(added)] if added else [event]
+    """`event` with what its pages did to `ledger` said after it.
+
+    A tool call's pages are recorded: `SourcesAdded` for those read first,
+    `AliasesAdded` for earlier sources now cited from another address too.
+    The run's end gets the sources and the number of pages read.
+    """
+    if isinstance(event, ToolCallFinished) and event.pages:
+        recorded = [ledger.record(page, reader) for page in event.pages]
+        added = {r.source.number: r.source for r in recorded if r.new}
+        # A source numbered by this very call is told whole in SourcesAdded.
+        readdressed = {
+            r.source.number: r.source
+            for r in recorded
+            if r.readdressed and r.source.number not in added
+        }
+        return [
+            event,
+            *([SourcesAdded(tuple(added.values()))] if added else []),
+            *([AliasesAdded(tuple(readdressed.values()))] if readdressed else []),
+        ]
     if isinstance(event, RunFinished):
-        return [replace(event, sources=tuple(ledger.sources))]
+        return [_with_run_sources(event, ledger)]
     return [event]
+
+
+def _with_run_sources(finished: RunFinished, ledger: SourceLedger) -> RunFinished:
+    """`finished` carrying the run's sources and its pages read (the ledger's)."""
+    return replace(finished, sources=tuple(ledger.sources), pages_read=ledger.reads)
 
 
 class _NoTools:
@@ -646,28 +666,28 @@ class HeavyRun:
         )
         answered = [k for k, r in enumerate(results, start=1) if r.answer]
         if not answered:
-            yield RunFinished(
+            failed = RunFinished(
                 "error",
                 "",
                 self._totals(results),
                 error=_none_answered(results),
                 rollouts=summaries,
-                sources=tuple(self.ledger.sources),
             )
+            yield _with_run_sources(failed, self.ledger)
             return
         yield SynthesisStarted(len(answered), self.rollouts)
         aggregator = self._aggregator()
         reports = await self._reports(aggregator, answered)
         written = [report.text for report in reports if report.text]
         if not written:
-            yield RunFinished(
+            failed = RunFinished(
                 "error",
                 "",
                 self._totals(results, reports),
                 error=_none_reported(reports),
                 rollouts=summaries,
-                sources=tuple(self.ledger.sources),
             )
+            yield _with_run_sources(failed, self.ledger)
             return
         async with contextlib.aclosing(
             self._integrate(aggregator, written, results, reports, summaries)
@@ -714,12 +734,8 @@ class HeavyRun:
                     continue
                 # The run's figures: every rollout's, the reports' and this call's.
                 totals = self._totals(results, written, event.stats)
-                yield replace(
-                    event,
-                    stats=totals,
-                    rollouts=summaries,
-                    sources=tuple(self.ledger.sources),
-                )
+                ended = replace(event, stats=totals, rollouts=summaries)
+                yield _with_run_sources(ended, self.ledger)
 
     # -- the reports --
     async def _reports(self, model: ModelPort, rollouts: list[int]) -> list[_Report]:

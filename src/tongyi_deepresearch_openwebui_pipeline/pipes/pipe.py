@@ -42,7 +42,12 @@ from ..adapters.openwebui.registry import (
     registry_tool_valves,
     schedule_auto_install,
 )
-from ..adapters.openwebui.render import ChatRenderer, Display, HeavyRenderer
+from ..adapters.openwebui.render import (
+    ChatRenderer,
+    Display,
+    HeavyRenderer,
+    ReasoningSplitter,
+)
 from ..adapters.openwebui.toolbox import (
     Handler,
     Toolbox,
@@ -199,8 +204,14 @@ class Pipe:
                 # one piece.
                 yield final_reply_text([text async for text in turn])
                 return
-            async for text in turn:
-                yield text
+            pieces = (
+                _with_reasoning_apart(turn, str(body.get("model") or ""))
+                if await compat.reasoning_goes_apart(__metadata__)
+                else turn
+            )
+            async with contextlib.aclosing(pieces):
+                async for text in pieces:
+                    yield text
         if body.get("stream") and not await self._host_ends_streams():
             for line in compat.stream_end(str(body.get("model") or "")):
                 yield line
@@ -298,7 +309,6 @@ class Pipe:
         chat_id: str | None,
         files: list[dict[str, Any]] | None = None,
     ) -> AsyncGenerator[str, None]:
-        ledger = SourceLedger()
         user_valves = (user or {}).get("valves")
         show_thinking = valves.EMIT_THINKING and getattr(
             user_valves, "SHOW_THINKING", True
@@ -311,9 +321,7 @@ class Pipe:
             rollouts=_streamed(body),
         )
         heavy = valves.HEAVY_ENABLED and _is_heavy(body)
-        renderer = (
-            HeavyRenderer(ledger, display) if heavy else ChatRenderer(ledger, display)
-        )
+        renderer = HeavyRenderer(display) if heavy else ChatRenderer(display)
         messages, files, web_urls = await _without_injected_context(
             body, request, metadata, files
         )
@@ -384,8 +392,8 @@ class Pipe:
             )
             keeper = self._checkpointer(valves, user, chat_id, asked, heavy)
             saved = await keeper.resume() if keeper is not None else None
-            if saved is not None:
-                ledger.restore(saved.sources, saved.reads)
+            # The run engine's; the renderer learns the sources from the events.
+            ledger = saved.ledger() if saved is not None else SourceLedger()
             events = research(
                 plan,
                 model,
@@ -502,6 +510,25 @@ async def _say_stopped(emit: SafeEmitter) -> None:
     with contextlib.suppress(Exception):
         async with asyncio.timeout(STOPPED_STATUS_SECONDS):
             await emit.status("Stopped", done=True)
+
+
+async def _with_reasoning_apart(
+    turn: AsyncGenerator[str, None], model: str
+) -> AsyncGenerator[str, None]:
+    """The turn's text with each round's reasoning as ``reasoning_content`` lines.
+
+    For the hosts that copy a message's text at every ``<think>`` (0.6, see
+    `compat.reasoning_goes_apart`): the same reasoning blocks, made from deltas.
+    """
+    splitter = ReasoningSplitter()
+    async with contextlib.aclosing(turn):
+        async for text in turn:
+            for part in splitter.split(text):
+                yield (
+                    compat.reasoning_line(model, part.text)
+                    if part.reasoning
+                    else part.text
+                )
 
 
 def _is_heavy(body: dict[str, Any]) -> bool:

@@ -24,7 +24,7 @@ import datetime as dt
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -300,8 +300,7 @@ class Researcher:
             async for event in events:
                 event = in_runner_words(event)  # noqa: PLW2901  (said our way)
                 if isinstance(event, RunFinished):
-                    # A heavy run's synthesis ends without the run's sources.
-                    event = finished = _with_run_sources(event, ledger)  # noqa: PLW2901
+                    finished = event
                 elif isinstance(event, WrappingUp):
                     # The run's own (or the synthesis's) wrap-up, not a
                     # rollout's: it says which budget the ending came from.
@@ -319,7 +318,6 @@ class Researcher:
             question=question,
             finished=finished,
             messages=messages,
-            ledger=ledger,
             seconds=time.monotonic() - started,
             wrapped_up=wrapped_up,
         )
@@ -336,13 +334,6 @@ def _messages(
     if state is None:
         return list(plan.messages)
     return list(finished.trajectory) or list(state.messages)
-
-
-def _with_run_sources(finished: RunFinished, ledger: SourceLedger) -> RunFinished:
-    """`finished` carrying the run's sources (a heavy run's ends without them)."""
-    if finished.sources or not ledger.sources:
-        return finished
-    return replace(finished, sources=tuple(ledger.sources))
 
 
 def _status_relay(sink: EventSink, rollout: int) -> Any:

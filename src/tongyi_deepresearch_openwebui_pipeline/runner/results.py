@@ -33,7 +33,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..adapters.openwebui.render import sources_list
 from ..core.events import (
     LAB_ANSWER_NOT_FOUND,
     LAB_CALLS_EXCEEDED,
@@ -41,8 +40,13 @@ from ..core.events import (
     LAB_TIME_LIMIT,
     RunFinished,
 )
-from ..core.phrasing import UNMARKED_ANSWER_NOTE, no_answer_note, stopped_note
-from ..core.sources import Source, SourceLedger, rewrite_answer
+from ..core.phrasing import (
+    UNMARKED_ANSWER_NOTE,
+    no_answer_note,
+    sources_list,
+    stopped_note,
+)
+from ..core.sources import Source, SourceBook, rewrite_answer
 
 #: What ``json.dumps(ensure_ascii=False)`` leaves raw but a JSON line must not
 #: hold: DEL and the C1 controls (a terminal acts on them; U+0085 ends a line
@@ -96,8 +100,6 @@ class Outcome:
     #: trajectory (`RunFinished.trajectory`: every turn and tool result,
     #: across consolidations); a heavy run's question and final answer.
     messages: list[dict[str, Any]] = field(default_factory=list)
-    #: The run's sources (numbered as cited).
-    ledger: SourceLedger = field(default_factory=SourceLedger)
     seconds: float = 0.0
     #: The budget whose end made the run ask for the answer ("round_limit",
     #: "context_limit", "time_limit"), or "" when it never had to.
@@ -105,14 +107,14 @@ class Outcome:
 
     @property
     def sources(self) -> tuple[Source, ...]:
-        """The pages read, in citation order."""
-        return self.finished.sources or tuple(self.ledger.sources)
+        """The pages read, in citation order (what the run's end carries)."""
+        return self.finished.sources
 
     @property
     def answer(self) -> str:
         """The answer with its citations numbered (empty without one)."""
         text = self.finished.answer.strip()
-        return rewrite_answer(text, self.ledger).strip() if text else ""
+        return rewrite_answer(text, SourceBook(self.sources)).strip() if text else ""
 
 
 def source_items(outcome: Outcome) -> list[dict[str, Any]]:
@@ -142,9 +144,7 @@ def answer_markdown(outcome: Outcome) -> str:
         parts.append(f"> {no_answer_note(finished.reason)}")
     elif not finished.answer_marked:
         parts.append(UNMARKED_ANSWER_NOTE)
-    ledger = SourceLedger()
-    ledger.sources = list(outcome.sources)
-    listed = sources_list(ledger).strip()
+    listed = sources_list(outcome.sources).strip()
     if listed:
         parts.append(listed)
     return well_formed("\n\n".join(parts) + "\n")

@@ -179,6 +179,79 @@ def stream_end(model: str) -> list[str]:
     return [f"data: {json.dumps(finish)}", "data: [DONE]"]
 
 
+# -- how reasoning reaches a chat in the browser ---------------------------------------
+
+# 0.6's middleware makes a reasoning block of each ``<think>`` in a reply's text,
+# but it cuts the text at the tag out of the whole message so far, not out of
+# the text block it is in (``before_tag = content[: match.start()]``), and makes
+# that the current text block: from the third reasoning block on, every tool
+# card before the last one is copied again (a 40-round research showed 667
+# cards for 39, 4 MB that the browser's session stopped receiving). Its
+# ``reasoning_content`` deltas make the same blocks without that. 0.8+ cut the
+# current block's own text (``item_text[: match.start()]``).
+_THINK_CUT_FROM_WHOLE_TEXT = re.compile(
+    r"before_tag\s*=\s*content\[\s*:\s*match\.start\(\)\s*\]"
+)
+#: What 0.6 needs in a request's metadata to read the reply into a saved chat
+#: (a browser's turn); without them the stream goes to the API caller as it is.
+_CHAT_TURN_KEYS = ("session_id", "chat_id", "message_id")
+#: Per middleware module file: whether its ``<think>`` handling copies text.
+_THINK_CUT_CHECKS: dict[str, bool] = {}
+
+
+def _cuts_from_whole_text(module: ModuleType) -> bool:
+    """Read Open WebUI's middleware once (blocking: a source file read)."""
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        return False  # unknown: keep the text as every version renders it
+    return _THINK_CUT_FROM_WHOLE_TEXT.search(source) is not None
+
+
+async def reasoning_goes_apart(metadata: Mapping[str, Any] | None) -> bool:
+    """Whether this reply's reasoning must reach Open WebUI as ``reasoning_content``.
+
+    True for a browser's turn on 0.6, whose ``<think>`` handling copies the
+    message's earlier text (see above); everywhere else the reasoning stays
+    ``<think>`` text, which every version renders and API callers read.
+
+    Args:
+        metadata: The request's ``__metadata__``.
+    """
+    if not metadata or not all(metadata.get(key) for key in _CHAT_TURN_KEYS):
+        return False
+    module = _import("open_webui.utils.middleware")
+    if module is None:
+        return False
+    key = str(getattr(module, "__file__", None) or module.__name__)
+    if key not in _THINK_CUT_CHECKS:
+        _THINK_CUT_CHECKS[key] = await asyncio.to_thread(_cuts_from_whole_text, module)
+    return _THINK_CUT_CHECKS[key]
+
+
+def reasoning_line(model: str, text: str) -> str:
+    """``text`` as a streamed chunk's ``reasoning_content``, as a raw ``data:`` line.
+
+    The chunk Open WebUI's own ``openai_chat_chunk_message_template`` writes
+    for reasoning; a pipe's ``data:`` lines reach its middleware unchanged.
+    """
+    chunk = {
+        "id": f"{model}-{uuid.uuid4()}",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "logprobs": None,
+                "finish_reason": None,
+                "delta": {"reasoning_content": text},
+            }
+        ],
+        "object": "chat.completion.chunk",
+    }
+    return f"data: {json.dumps(chunk)}"
+
+
 # -- calling sync and async alike ------------------------------------------------------
 
 

@@ -79,8 +79,10 @@ class EventRelay:
 
     Their status lines go on to the chat (Open WebUI shows a search's result
     URLs from them). Their source events do not: the pages a tool read come
-    back in its result (``ToolResult.sources``), where the run engine numbers
-    them once for the run; a tool emits them too only for use on its own.
+    back in its result (``ToolResult.sources``), which the toolbox turns into
+    the core's page reads and the run engine numbers once for the run; the
+    chat's source events are the renderer's (`render.source_event`). A tool
+    emits its own only for use on its own.
     """
 
     def __init__(self, emit: SafeEmitter, status_prefix: str = "") -> None:

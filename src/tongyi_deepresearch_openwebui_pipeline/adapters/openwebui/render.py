@@ -5,7 +5,8 @@ every version stores and renders (events that carry message text are
 overwritten by the yielded text on 0.12):
 
 - thinking: ``<think>…</think>``, which Open WebUI turns into a collapsible
-  reasoning block ("Thought for N seconds"), one per round;
+  reasoning block ("Thought for N seconds"), one per round (where the host
+  must get it apart, `ReasoningSplitter` takes it out for the pipe);
 - each tool call: a ``<details type="tool_calls" done="true" …>`` card with
   its arguments and result (a blank line before it, which 0.6 needs);
 - the answer: plain text, streamed token by token with citation numbers;
@@ -16,8 +17,13 @@ sources and notifications are event payloads for the emitter. Rendering is
 pure: `render(event)` returns a `Rendered` (the text to yield and the payloads
 to emit) and the pipe, the only part that does I/O, yields and emits them.
 The words it shares with the terminal runner (token counts, durations, the
-round, the notes under an answer) are `core.phrasing`'s; a call's status line
-is its tool's (`catalog.describe_call`).
+round, the notes under an answer, the list of sources) are `core.phrasing`'s;
+a call's status line is its tool's (`catalog.describe_call`).
+
+Sources: the renderer knows them from the events alone (`SourcesAdded`,
+`AliasesAdded`, `RunResumed`, `RunFinished`), in its own `SourceBook`, which
+numbers its citations; each new one becomes Open WebUI's source event here
+(`source_event`), the only place that shape is written.
 
 Nothing the model or a page writes can forge this markup: reasoning text gets
 a zero-width space after every ``<`` and ``◁`` (so ``</think>`` or
@@ -33,10 +39,10 @@ import json
 import re
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import quote
 
 from ...core.events import (
     TERMINATION_TEXT,
+    AliasesAdded,
     AnswerDelta,
     Consolidated,
     ConsolidationFailed,
@@ -63,13 +69,15 @@ from ...core.history import RESTART_NOTE
 from ...core.phrasing import (
     UNMARKED_ANSWER_NOTE,
     duration_text,
+    markdown_text,
     no_answer_note,
     resumed_text,
     round_label,
+    sources_list,
     stopped_note,
     tokens_text,
 )
-from ...core.sources import CitationRewriter, SourceLedger, source_event
+from ...core.sources import CitationRewriter, Source, SourceBook
 from .catalog import describe_call
 from .emitter import notification_payload, status_payload
 
@@ -83,6 +91,48 @@ class Rendered:
 
     text: str = ""
     events: tuple[dict[str, Any], ...] = ()
+
+
+#: How the chat text frames a round's reasoning: ``<think>\n…\n</think>``, then
+#: a blank line. The renderer writes each mark whole, in one piece.
+THINK_START = "<think>\n"
+THINK_END = "\n</think>"
+
+
+@dataclass(frozen=True)
+class TextPart:
+    """A stretch of the chat text: the model's reasoning, or message text."""
+
+    text: str
+    reasoning: bool = False
+
+
+class ReasoningSplitter:
+    """Takes each round's reasoning out of the streamed chat text.
+
+    For the hosts that must get it apart (`compat.reasoning_goes_apart`). The
+    renderer writes every `THINK_START` and `THINK_END` whole in one yielded
+    piece, and nothing the model or a page writes can forge one (see the
+    module's docstring), so each piece is split at the marks alone; the marks
+    themselves go, and the blank line after `THINK_END` stays message text
+    (it is what ends the reasoning block there).
+    """
+
+    def __init__(self) -> None:
+        """Start outside any reasoning."""
+        self._in_reasoning = False
+
+    def split(self, text: str) -> list[TextPart]:
+        """The parts of one yielded piece, in order (no empty ones)."""
+        parts: list[TextPart] = []
+        while text:
+            mark = THINK_END if self._in_reasoning else THINK_START
+            before, found, text = text.partition(mark)
+            if before:
+                parts.append(TextPart(before, self._in_reasoning))
+            if found:
+                self._in_reasoning = not self._in_reasoning
+        return parts
 
 
 @dataclass(frozen=True)
@@ -113,27 +163,23 @@ def defuse_reasoning(text: str) -> str:
     return text.translate(_TAG_STARTS)
 
 
-#: What can start markup inside link text (emphasis, code, links, images,
-#: HTML, tables, strikethrough, entities); other punctuation is left readable.
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]()<>!|~&])")
-_URL_UNSAFE = re.compile(r"[\s()<>\[\]\"'`\\]")
+def source_event(source: Source) -> dict[str, Any]:
+    """The ``source`` event that numbers citations right on 0.6 – 0.12.
 
-
-#: Control characters (C0 but tab and newline, DEL, C1): never meaningful in
-#: a title or a message, and escape sequences to a terminal that shows the
-#: list (the runner). Removed before escaping, so that Markdown's backslash
-#: cannot turn ``ESC ]`` into ``ESC \\`` (a terminal's string terminator).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def markdown_text(text: str) -> str:
-    """``text`` shown literally inside Markdown (link text included)."""
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", _CONTROL.sub("", text))
-
-
-def markdown_url(url: str) -> str:
-    """An http(s) URL safe inside ``[text](url)``: no way out of the parens."""
-    return _URL_UNSAFE.sub(lambda m: quote(m.group(0), safe=""), url)
+    One event per distinct URL, one document, and ``metadata[0].source`` set to
+    the URL with a unique ``name``: 0.12 keys citations by ``metadata.source``
+    and 0.6 by label, so ``[n]`` is the n-th emitted source on both.
+    """
+    return {
+        "type": "source",
+        "data": {
+            "source": {"name": source.title, "url": source.url},
+            "document": [source.evidence or source.summary or source.title],
+            "metadata": [
+                {"source": source.url, "name": source.title, "url": source.url}
+            ],
+        },
+    }
 
 
 def _attribute(value: Any) -> str:
@@ -213,12 +259,15 @@ def _rollout_line(rollout: RolloutSummary) -> str:
 def summary_block(
     stats: RunStats,
     reason: str,
-    ledger: SourceLedger,
+    *,
+    pages_read: int,
+    cited: int,
     rollouts: tuple[RolloutSummary, ...] = (),
 ) -> str:
     """The collapsible research summary shown under the answer.
 
-    A heavy run's figures are its totals, followed by each rollout's own.
+    `pages_read` counts re-reads, `cited` the distinct sources. A heavy
+    run's figures are its totals, followed by each rollout's own.
     """
     lines = []
     if rollouts:
@@ -231,8 +280,8 @@ def summary_block(
     lines += [
         f"- Rounds: {stats.rounds}",
         f"- Searches: {stats.searches}",
-        f"- Pages read: {ledger.reads} of {stats.pages_requested} requested "
-        f"({len(ledger)} cited as sources)",
+        f"- Pages read: {pages_read} of {stats.pages_requested} requested "
+        f"({cited} cited as sources)",
         f"- Tokens: {stats.prompt_tokens:,} in / {stats.completion_tokens:,} out",
         *_context_lines(stats),
     ]
@@ -246,42 +295,33 @@ def summary_block(
     )
 
 
-def sources_list(ledger: SourceLedger) -> str:
-    """A numbered list of the sources read, with links."""
-    if not ledger.sources:
-        return ""
-    items = "\n".join(
-        f"{source.number}. [{markdown_text(source.title)}]({markdown_url(source.url)})"
-        for source in ledger.sources
-    )
-    return f"\n\n**Sources read**\n\n{items}\n"
-
-
 class ChatRenderer:
     """Turns events into yielded text and event payloads for one chat."""
 
     def __init__(
         self,
-        ledger: SourceLedger,
         display: Display,
         *,
+        book: SourceBook | None = None,
         status_prefix: str = "",
         nested: bool = False,
     ) -> None:
-        """Render one run, citing from ``ledger``.
+        """Render one run, citing the sources its events tell of.
 
-        A ``nested`` renderer shows one rollout of a heavy run: its end is
-        the rollout's answer alone (no sources list, summary or final status),
-        and its tool cards' ids start with ``status_prefix``'s rollout.
+        ``book`` keeps those sources (a new one by default); renderers of one
+        run's parts share it. A ``nested`` renderer shows one rollout of a
+        heavy run: its end is the rollout's answer alone (no sources list,
+        summary or final status), and its tool cards' ids start with
+        ``status_prefix``'s rollout.
         """
-        self.ledger = ledger
+        self.book = SourceBook() if book is None else book
         self.display = display
         self.status_prefix = status_prefix
         self._payloads: list[dict[str, Any]] = []
         self.nested = nested
         self._in_think = False
         self._answer_started = False
-        self._rewriter = CitationRewriter(ledger)
+        self._rewriter = CitationRewriter(self.book)
         self._round = 0
         self._max_rounds = 0
         self._usage = ""
@@ -295,7 +335,7 @@ class ChatRenderer:
     def _close_think(self) -> str:
         if self._in_think:
             self._in_think = False
-            return "\n</think>\n\n"
+            return THINK_END + "\n\n"
         return ""
 
     def _think(self, text: str) -> str:
@@ -308,7 +348,7 @@ class ChatRenderer:
             # Whitespace between blocks must not open an empty reasoning block.
             return ""
         self._in_think = True
-        return "<think>\n" + text.lstrip("\n")
+        return THINK_START + text.lstrip("\n")
 
     def _answer(self, text: str) -> str:
         prefix = self._close_think()
@@ -330,7 +370,7 @@ class ChatRenderer:
         if self._answer_started:
             out += self._rewriter.flush() + f"\n\n{RESTART_NOTE}\n\n"
             self._answer_started = False
-            self._rewriter = CitationRewriter(self.ledger)
+            self._rewriter = CitationRewriter(self.book)
         return out
 
     def _prefix(self) -> str:
@@ -342,9 +382,14 @@ class ChatRenderer:
         if isinstance(event, RolloutEvent | SynthesisStarted):
             return Rendered()  # a heavy run's: HeavyRenderer shows them
         if isinstance(event, SourcesAdded):
+            self.book.add(event.sources)
             # In the order they are numbered: Open WebUI numbers them so too.
             return Rendered(events=tuple(source_event(s) for s in event.sources))
+        if isinstance(event, AliasesAdded):
+            self.book.add(event.sources)  # already shown: cited from more URLs
+            return Rendered()
         if isinstance(event, RunResumed):
+            self.book.add(event.sources)
             # The new message gets the sources read before the interruption,
             # numbered as they were cited.
             note = resumed_text(event.rounds, len(event.sources))
@@ -453,6 +498,7 @@ class ChatRenderer:
         )
 
     def _finish(self, event: RunFinished) -> str:
+        self.book.add(event.sources)
         out = self._close_think()
         if event.answer and not self._answer_started:
             out += self._answer(event.answer)
@@ -468,15 +514,21 @@ class ChatRenderer:
             out += f"\n\n> ⚠️ {no_answer_note(event.reason)}\n"
         elif not event.answer_marked:
             out += f"\n\n{UNMARKED_ANSWER_NOTE}\n"
-        out += sources_list(self.ledger)
+        out += sources_list(self.book.sources)
         if self.display.summary:
-            out += summary_block(event.stats, event.reason, self.ledger, event.rollouts)
+            out += summary_block(
+                event.stats,
+                event.reason,
+                pages_read=event.pages_read,
+                cited=len(self.book),
+                rollouts=event.rollouts,
+            )
         usage = tokens_text(
             event.stats.prompt_tokens, event.stats.completion_tokens, event.stats.cost
         )
         self._status(
             f"Done: {TERMINATION_TEXT[event.reason]} · {event.stats.rounds} rounds · "
-            f"{len(self.ledger)} sources · {usage}",
+            f"{len(self.book)} sources · {usage}",
             done=True,
         )
         return out
@@ -522,11 +574,11 @@ class HeavyRenderer:
     all rollouts and the research summary with every rollout's figures.
     """
 
-    def __init__(self, ledger: SourceLedger, display: Display) -> None:
-        """Render a heavy run, citing from the run's one ``ledger``."""
-        self.ledger = ledger
+    def __init__(self, display: Display) -> None:
+        """Render a heavy run; its rollouts and synthesis cite from one book."""
+        self.book = SourceBook()
         self.display = display
-        self.main = ChatRenderer(ledger, display)
+        self.main = ChatRenderer(display, book=self.book)
         self._rollouts: dict[int, ChatRenderer] = {}
         self._shown: dict[int, list[str]] = {}
 
@@ -546,8 +598,8 @@ class HeavyRenderer:
     def _renderer(self, rollout: int, rollouts: int) -> ChatRenderer:
         if rollout not in self._rollouts:
             self._rollouts[rollout] = ChatRenderer(
-                self.ledger,
                 replace(self.display, summary=False),
+                book=self.book,
                 status_prefix=f"Rollout {rollout}/{rollouts} · ",
                 nested=True,
             )

@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ...core.events import ToolOutcome
+from ...core.sources import PageRead, is_page_url
 from ...core.toolcalls import SCHEMAS, CallError, ToolCall, check_arguments
 from .. import secrets
 from .catalog import CATALOG, call_tallies, tool_modules, tool_named
@@ -268,7 +269,7 @@ def _outcome(result: Any) -> ToolOutcome:
     Our tools return a `str` that carries ``ok`` and ``sources`` (their
     ``ToolResult``). A result without ``ok`` counts as a success: its words
     are the model's to read, not ours to guess from (a page may well begin
-    with "Error").
+    with "Error"). Its sources become the core's `PageRead`s here, once.
     """
     ok = getattr(result, "ok", True)
     sources = getattr(result, "sources", ())
@@ -276,9 +277,55 @@ def _outcome(result: Any) -> ToolOutcome:
     return ToolOutcome(
         text,
         ok=ok if isinstance(ok, bool) else True,
-        sources=tuple(
-            source
+        pages=tuple(
+            page
             for source in (sources if isinstance(sources, tuple | list) else ())
-            if isinstance(source, dict)
+            if (page := page_read(source)) is not None
         ),
     )
+
+
+def page_read(data: Any) -> PageRead | None:
+    """The page a tool read, from its source (an Open WebUI source event's ``data``).
+
+    The tool names the page in ``metadata[0]`` (``url``, else ``source``) or in
+    ``source.url``, its title in ``source.name`` (else ``metadata[0].name``) and
+    the evidence it found as ``document[0]``; ``metadata[0]`` may add the
+    ``summary``, the ``final_url`` and ``redirects`` it was reached by, and
+    the ``goal``. None when ``data`` names no http(s) page.
+    """
+    if not isinstance(data, Mapping):
+        return None
+    source = _mapping(data.get("source"))
+    metadata = _mapping(_first(data.get("metadata")))
+    url = str(metadata.get("url") or metadata.get("source") or source.get("url") or "")
+    if not is_page_url(url):
+        return None
+    evidence = _first(data.get("document"))
+    redirects = metadata.get("redirects")
+    return PageRead(
+        url=url,
+        title=str(source.get("name") or metadata.get("name") or ""),
+        evidence="" if evidence is None else str(evidence),
+        summary=str(metadata.get("summary") or ""),
+        final_url=_text(metadata.get("final_url")),
+        redirects=tuple(
+            address
+            for address in (redirects if isinstance(redirects, list | tuple) else ())
+            if isinstance(address, str) and address
+        ),
+        goal=_text(metadata.get("goal")),
+    )
+
+
+def _first(value: Any) -> Any:
+    """A list's first item (None for an empty list or anything else)."""
+    return value[0] if isinstance(value, list | tuple) and value else None
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
