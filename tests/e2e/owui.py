@@ -640,7 +640,7 @@ async def ui_chat(
             # 0.6 / 0.8: the browser saves the new chat first, then runs the
             # completion in it (without a chat id it would run inline).
             chat_id = await asyncio.to_thread(
-                _create_chat, api, model, user_message, message_id
+                create_chat, api, model, user_message, message_id
             )
             body |= {
                 "chat_id": chat_id,
@@ -650,7 +650,7 @@ async def ui_chat(
         answer = await post_ui_chat(api.base_url, api.token, body, timeout, "UI chat")
         chat_id = chat_id or answer["chat_id"]
         await asyncio.wait_for(finished.wait(), timeout)
-        chat = await _saved_chat(api, chat_id, message_id, timeout=20)
+        chat = await saved_chat(api, chat_id, message_id, timeout=20)
     finally:
         await sio.disconnect()
     return UiChat(chat_id, message_id, events, chat, finished.is_set())
@@ -689,7 +689,7 @@ def server_creates_chats() -> bool:
     return owui_version_tuple() >= (0, 11)
 
 
-def _create_chat(
+def create_chat(
     api: Api, model: str, user_message: dict[str, Any], message_id: str
 ) -> str:
     """Save a new chat holding the question and an empty answer; its id."""
@@ -721,7 +721,7 @@ def _create_chat(
     return str(api.post("/api/v1/chats/new", {"chat": chat})["id"])
 
 
-async def _saved_chat(
+async def saved_chat(
     api: Api, chat_id: str, message_id: str, timeout: float
 ) -> dict[str, Any]:
     """The chat once its assistant message is saved as done (0.6: has content)."""

@@ -47,6 +47,7 @@ from ..adapters.openwebui.render import (
     Display,
     HeavyRenderer,
     ReasoningSplitter,
+    stream_pieces,
 )
 from ..adapters.openwebui.toolbox import (
     Handler,
@@ -409,8 +410,11 @@ class Pipe:
                         rendered = renderer.render(event)
                         for payload in rendered.events:
                             await emit(payload)
-                        if rendered.text:
-                            yield rendered.text
+                        # A reasoning block's end goes alone: Open WebUI
+                        # 0.6-0.11 strip the text that comes with it.
+                        for piece in stream_pieces(rendered.text):
+                            if piece:
+                                yield piece
             except (asyncio.CancelledError, GeneratorExit):
                 if keeper is not None and not self._shutting_down():
                     await _forget(keeper)  # Stop: the run stays stopped

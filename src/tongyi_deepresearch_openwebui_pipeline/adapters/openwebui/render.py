@@ -135,6 +135,19 @@ class ReasoningSplitter:
         return parts
 
 
+def stream_pieces(text: str) -> tuple[str, ...]:
+    """``text`` as the pieces to stream: the end of a reasoning block alone.
+
+    Open WebUI 0.6 to 0.11 strip both ends of the text that arrives in the
+    same piece as the end of a reasoning block (0.12 only its start), so an
+    answer whose first piece ends in a space, as one before a link the
+    citations hold back does ("on " + "[page 1](…)"), was saved as
+    "on[page 1](…)". Streamed after the end, the text is kept as it is.
+    """
+    head, end, rest = text.partition(THINK_END + "\n\n")
+    return (head + end, rest) if end and rest else (text,)
+
+
 @dataclass(frozen=True)
 class Display:
     """What to show (from the valves and the user's own valves)."""
