@@ -16,7 +16,11 @@ from tongyi_deepresearch_openwebui_pipeline.core.checkpoint import (
 )
 from tongyi_deepresearch_openwebui_pipeline.core.events import Counters
 from tongyi_deepresearch_openwebui_pipeline.core.loop import RunState
-from tongyi_deepresearch_openwebui_pipeline.core.sources import PageRead, Source
+from tongyi_deepresearch_openwebui_pipeline.core.sources import (
+    PageRead,
+    Source,
+    SourceLedger,
+)
 
 SYSTEM = {"role": "system", "content": "You are a deep research assistant."}
 QUESTION = {"role": "user", "content": "Who built the first lighthouse?"}
@@ -115,7 +119,9 @@ def test_the_conversation_ends_the_trajectory_as_the_same_messages():
 
 
 def test_the_ledger_keeps_numbers_titles_and_redirects():
-    ledger = decode(encode(saved()), owner="user-1", chat="chat-1", now=0.0).ledger()
+    loaded = decode(encode(saved()), owner="user-1", chat="chat-1", now=0.0)
+    ledger = SourceLedger()
+    ledger.restore(loaded.sources, loaded.reads)
     assert [s.number for s in ledger.sources] == [1, 2]
     assert ledger.reads == 3
     alias = ledger.match("https://a.example/y")

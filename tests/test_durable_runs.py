@@ -110,9 +110,8 @@ async def test_a_resumed_run_asks_only_for_the_rounds_not_finished(tmp_path: Pat
             PLAN,
             second_model,
             lambda _: pages,
-            saved.ledger(),
+            SourceLedger(),
             checkpointer=checkpointer(store),
-            resumed=saved.state,
         )
     ]
 

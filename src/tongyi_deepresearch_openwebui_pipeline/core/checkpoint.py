@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from .events import Counters
 from .loop import RunState
-from .sources import Source, SourceLedger
+from .sources import Source
 
 #: The record's name and version: another name or version is not read.
 FORMAT = "tongyi-deepresearch-checkpoint"
@@ -65,12 +65,6 @@ class Checkpoint:
     saved_at: float = 0.0
     #: The trajectory before the current conversation did not fit `MAX_BYTES`.
     trajectory_dropped: bool = False
-
-    def ledger(self) -> SourceLedger:
-        """The run's sources as a ledger, numbers kept."""
-        ledger = SourceLedger()
-        ledger.restore(self.sources, self.reads)
-        return ledger
 
 
 class CheckpointStore(Protocol):

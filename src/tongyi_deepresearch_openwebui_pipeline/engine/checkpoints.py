@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..core.checkpoint import (
     Checkpoint,
@@ -102,6 +103,21 @@ class Checkpointer:
         if saved.question != question_key(key.question) or saved.mode != key.mode:
             return None
         return saved
+
+    async def starting_state(
+        self, messages: list[dict[str, Any]], ledger: SourceLedger
+    ) -> tuple[RunState, bool]:
+        """The state a run starts from, and whether it is a checkpoint's.
+
+        A checkpoint of this run (`resume`) gives its state and puts its
+        sources, numbers kept, into ``ledger``; else a new state opens with
+        ``messages``.
+        """
+        saved = await self.resume()
+        if saved is None:
+            return RunState(messages=list(messages), started=self.clock()), False
+        ledger.restore(saved.sources, saved.reads)
+        return saved.state, True
 
     async def save(self, state: RunState, ledger: SourceLedger) -> None:
         """Keep ``state`` (between rounds) and the run's sources."""

@@ -170,29 +170,22 @@ def research(
     summarizer: ModelPort | None = None,
     *,
     checkpointer: Checkpointer | None = None,
-    resumed: RunState | None = None,
 ) -> AsyncGenerator[RunEvent, None]:
     """Run `plan`: its events, ending with `RunFinished`.
 
     `tools_for(k)` gives rollout k of a heavy run its tools (0: a single run);
     `summarizer` writes the research state when a run consolidates (default:
     `model`). A single run saves its progress through `checkpointer` and
-    goes on from `resumed` (a checkpoint's state, with `ledger` its
-    sources) instead of from the plan's messages.
+    goes on from the checkpoint it finds there (its sources into `ledger`).
     """
     if plan.heavy is None:
-        state = resumed or RunState(
-            messages=list(plan.messages), started=time.monotonic()
-        )
-        return single_run(
-            state,
+        return _single_from(
+            plan,
             model,
             tools_for(0),
-            plan.limits,
             ledger,
             summarizer=summarizer,
             checkpointer=checkpointer,
-            resuming=resumed is not None,
         )
     heavy = HeavyRun(
         plan.messages,
@@ -205,6 +198,36 @@ def research(
         summarizer=summarizer,
     )
     return heavy.run()
+
+
+async def _single_from(
+    plan: RunPlan,
+    model: ModelPort,
+    tools: ToolPort,
+    ledger: SourceLedger,
+    *,
+    summarizer: ModelPort | None,
+    checkpointer: Checkpointer | None,
+) -> AsyncGenerator[RunEvent, None]:
+    """`single_run` from the plan's messages, or from the run's checkpoint."""
+    if checkpointer is None:
+        state = RunState(messages=list(plan.messages), started=time.monotonic())
+        resuming = False
+    else:
+        state, resuming = await checkpointer.starting_state(plan.messages, ledger)
+    events = single_run(
+        state,
+        model,
+        tools,
+        plan.limits,
+        ledger,
+        summarizer=summarizer,
+        checkpointer=checkpointer,
+        resuming=resuming,
+    )
+    async with contextlib.aclosing(events):
+        async for event in events:
+            yield event
 
 
 async def single_run(

@@ -392,17 +392,9 @@ class Pipe:
                 ),
             )
             keeper = self._checkpointer(valves, user, chat_id, asked, heavy)
-            saved = await keeper.resume() if keeper is not None else None
             # The run engine's; the renderer learns the sources from the events.
-            ledger = saved.ledger() if saved is not None else SourceLedger()
             events = research(
-                plan,
-                model,
-                tools_for,
-                ledger,
-                summarizer,
-                checkpointer=keeper,
-                resumed=saved.state if saved is not None else None,
+                plan, model, tools_for, SourceLedger(), summarizer, checkpointer=keeper
             )
             try:
                 async with contextlib.aclosing(events):

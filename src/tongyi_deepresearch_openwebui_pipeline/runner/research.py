@@ -269,12 +269,11 @@ class Researcher:
                 if checkpoints is not None
                 else None
             )
-            saved = await keeper.resume() if keeper is not None else None
-            if saved is not None:
-                ledger = saved.ledger()
-                state = saved.state
+            if keeper is not None:
+                state, resuming = await keeper.starting_state(plan.messages, ledger)
             else:
                 state = RunState(messages=list(plan.messages), started=started)
+                resuming = False
             events = single_run(
                 state,
                 self.model,
@@ -283,7 +282,7 @@ class Researcher:
                 ledger,
                 summarizer=self.summarizer,
                 checkpointer=keeper,
-                resuming=saved is not None,
+                resuming=resuming,
             )
         else:
             shared_chat = base
