@@ -15,25 +15,19 @@ import datetime as dt
 import logging
 import traceback
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, Field
 
 from .. import __version__
 from ..adapters import secrets
-from ..adapters.model_client import (
-    ModelSettings,
-    OpenAIModelClient,
-    served_context_tokens,
-    shared_ssl_context,
-)
+from ..adapters.model_client import OpenAIModelClient, shared_ssl_context
 from ..adapters.openwebui import compat, durable
 from ..adapters.openwebui import valves as shared_valves
 from ..adapters.openwebui.catalog import (
     CATALOG,
     ChatFacts,
-    prompt_lines,
     question_note,
 )
 from ..adapters.openwebui.emitter import EventRelay, SafeEmitter
@@ -55,18 +49,9 @@ from ..adapters.openwebui.toolbox import (
     ToolContext,
     ToolResolver,
 )
-from ..adapters.openwebui.valves import (
-    BaseValves,
-    model_settings,
-    research_limits,
-    shared_endpoints,
-    summary_settings,
-)
+from ..adapters.openwebui.valves import BaseValves, model_settings, shared_endpoints
 from ..core.checkpoint import CheckpointStore
-from ..core.events import ModelPort
 from ..core.history import remove_injected_context, split_conversation
-from ..core.prompts import system_prompt_with
-from ..core.sources import SourceLedger
 from ..core.tasks import (
     final_reply_text,
     is_kept_task,
@@ -74,32 +59,14 @@ from ..core.tasks import (
     task_messages,
     task_reply,
 )
-from ..engine.checkpoints import Checkpointer, RunKey
-from ..engine.runs import HeavySettings, RunPlan, research
+from ..engine.checkpoints import Checkpointer
+from ..session.run_session import ModelClientFactory, Sleep, open_session
 
 log = logging.getLogger(__name__)
 
 #: The models this pipe offers: one research run, or a heavy one.
 SINGLE_MODEL = {"id": "tongyi-deepresearch", "name": "Tongyi DeepResearch"}
 HEAVY_MODEL = {"id": "tongyi-deepresearch-heavy", "name": "Tongyi DeepResearch Heavy"}
-
-#: Waits the given number of seconds (between a model server's retries).
-Sleep = Callable[[float], Awaitable[None]]
-
-
-class ModelClientFactory(Protocol):
-    """Builds the client of one model endpoint for one request.
-
-    `OpenAIModelClient` is one: the request's HTTP client and the pipe's
-    sleep go to every client it builds, for the research, the summary and
-    background tasks alike.
-    """
-
-    def __call__(
-        self, settings: ModelSettings, http_client: httpx.AsyncClient, sleep: Sleep, /
-    ) -> ModelPort:
-        """A client of ``settings``' endpoint that sends through ``http_client``."""
-        ...
 
 
 class Pipe:
@@ -344,31 +311,27 @@ class Pipe:
         # attachments' names, as the model was trained to find them).
         asked = str(turns[-1]["content"])
         note = question_note(toolbox.available(), ChatFacts(files=tuple(files)))
-        question = note + web_results_note(web_urls) + asked
-        turns[-1] = {"role": "user", "content": question}
-        preamble = "\n\n".join(
-            p for p in (valves.SYSTEM_PROMPT_PREAMBLE.strip(), system_extra) if p
-        )
-        today = _today(metadata)
-        system = system_prompt_with(prompt_lines(toolbox.available()), today, preamble)
-        rollouts = valves.HEAVY_ROLLOUTS
+        turns[-1] = {
+            "role": "user",
+            "content": note + web_results_note(web_urls) + asked,
+        }
+        rollouts = valves.HEAVY_ROLLOUTS if heavy else 0
         await emit.status(
             f"Starting heavy research: {rollouts} rollouts…"
             if heavy
             else "Starting research…"
         )
-        settings = model_settings(valves, api_key)
-        async with httpx.AsyncClient(
-            verify=await shared_ssl_context(),
-            headers={"User-Agent": f"tongyi-deepresearch-openwebui/{__version__}"},
-        ) as http:
-            limits = research_limits(
-                valves, await served_context_tokens(http, settings)
-            )
-            model = self._model_client(settings, http, self._sleep)
-            summarizer = self._model_client(
-                summary_settings(valves, settings, summary_key), http, self._sleep
-            )
+        async with open_session(
+            valves,
+            api_key=api_key,
+            summary_key=summary_key,
+            user_agent=f"tongyi-deepresearch-openwebui/{__version__}",
+            today=_today(metadata),
+            model_client=self._model_client,
+            sleep=self._sleep,
+            # Asked only when wanted: the store watches the process's signals.
+            checkpoints=self._checkpoints() if valves.RESUME_INTERRUPTED_RUNS else None,
+        ) as session:
 
             def tools_for(rollout: int) -> Toolbox:
                 if not rollout:
@@ -376,26 +339,19 @@ class Pipe:
                 prefix = f"Rollout {rollout}/{rollouts} · "
                 return toolbox.with_emitter(EventRelay(emit, status_prefix=prefix))
 
-            plan = RunPlan(
-                messages=[{"role": "system", "content": system}, *turns],
-                limits=limits,
-                today=today,
-                heavy=(
-                    HeavySettings(
-                        rollouts,
-                        valves.HEAVY_CONCURRENT_ROLLOUTS,
-                        partial_rollouts=valves.HEAVY_PARTIAL_ROLLOUTS,
-                        branch_steps=valves.HEAVY_BRANCH_STEPS,
-                    )
-                    if heavy
-                    else None
-                ),
+            plan = session.plan(
+                turns,
+                toolbox.available(),
+                heavy_rollouts=rollouts,
+                extra_preamble=system_extra,
             )
-            keeper = self._checkpointer(valves, user, chat_id, asked, heavy)
+            # A chat Open WebUI does not store ("local:…") cannot be found again.
+            stored_chat = "" if (chat_id or "").startswith("local") else chat_id
+            keeper = session.checkpointer(
+                str((user or {}).get("id") or ""), stored_chat or "", asked, heavy=heavy
+            )
             # The run engine's; the renderer learns the sources from the events.
-            events = research(
-                plan, model, tools_for, SourceLedger(), summarizer, checkpointer=keeper
-            )
+            events = session.research(plan, tools_for, checkpointer=keeper)
             try:
                 async with contextlib.aclosing(events):
                     async for event in events:
@@ -411,33 +367,6 @@ class Pipe:
                 if keeper is not None and not self._shutting_down():
                     await _forget(keeper)  # Stop: the run stays stopped
                 raise
-
-    def _checkpointer(
-        self,
-        valves: BaseValves,
-        user: dict[str, Any] | None,
-        chat_id: str | None,
-        question: str,
-        heavy: bool,
-    ) -> Checkpointer | None:
-        """Where this run keeps its progress: one user's chat, one question.
-
-        None for a heavy run, a request outside a saved chat (an API call
-        without a chat id, a temporary chat) or with the valve off.
-        """
-        owner = str((user or {}).get("id") or "")
-        if heavy or not valves.RESUME_INTERRUPTED_RUNS or not owner:
-            return None
-        if not chat_id or chat_id.startswith("local"):  # "local:…": not stored
-            return None
-        store = self._checkpoints()
-        if store is None:
-            return None
-        return Checkpointer(
-            store,
-            RunKey(owner, chat_id, question),
-            max_age_seconds=valves.CHECKPOINT_MAX_AGE_HOURS * 3600,
-        )
 
     async def _toolbox(
         self,

@@ -315,12 +315,11 @@ async def _ask(args: argparse.Namespace, settings: Settings) -> int:
     checkpoints = checkpoint_store(args.output, None, settings)
 
     async def research() -> Outcome:
-        async with open_researcher(settings) as researcher:
+        async with open_researcher(settings, checkpoints=checkpoints) as researcher:
             return await researcher.run(
                 args.question,
                 heavy=args.heavy,
                 sink=None if args.quiet else show,
-                checkpoints=checkpoints,
                 run_id="ask",
             )
 
@@ -519,7 +518,7 @@ async def _batch(args: argparse.Namespace, settings: Settings) -> int:
         _say(f"Resuming: {plan.skipped} records already in {plan.where}.")
 
     async def work() -> None:
-        async with open_researcher(settings) as researcher:
+        async with open_researcher(settings, checkpoints=checkpoints) as researcher:
             # The server answers: only now are failed records given up.
             dropped = _drop_stale(plan)
             if dropped:
@@ -529,7 +528,6 @@ async def _batch(args: argparse.Namespace, settings: Settings) -> int:
                 return await researcher.run(
                     job.question.question,
                     heavy=args.heavy,
-                    checkpoints=checkpoints,
                     run_id=f"{job.rollout_id}:{job.question.question}",
                 )
 

@@ -1,12 +1,11 @@
-"""Research runs without Open WebUI: the engine wired to a model server and tools.
+"""Research runs without Open WebUI: the run session wired to the tool modules.
 
-A `Researcher` holds what the runs of one command share (the HTTP client,
-the model and summary clients, the served context, the tool classes and
-their valves) and runs one question at a time or many at once. Each run
-builds the `RunPlan` the pipe builds (reference system prompt with the tools
-that can run, `Limits` from the same valves) and calls `engine.runs`:
-`single_run` for one rollout (so the final conversation is kept for the
-record), `research` with `HeavySettings` for a heavy run.
+A `Researcher` holds what the runs of one command share: a `RunSession`
+(the HTTP client, the model and summary clients, the served context and
+budgets, the checkpoint store, opened as the pipe opens its own) and the
+tool classes with their valves. It runs one question at a time or many at
+once; each run gets its plan, checkpointer and events from the session, as
+a chat's run does in the pipe.
 
 The tools are the package's tool modules, run through the pipe's `Toolbox`
 with no Open WebUI request: search and the scholar tool's web fallback go to
@@ -31,27 +30,18 @@ import httpx
 from pydantic import ValidationError
 
 from .. import __version__
-from ..adapters.model_client import (
-    OpenAIModelClient,
-    served_context_tokens,
-    shared_ssl_context,
-)
-from ..adapters.openwebui.catalog import CATALOG, prompt_lines
+from ..adapters.openwebui.catalog import CATALOG
 from ..adapters.openwebui.toolbox import Toolbox, ToolContext, ToolResolver
 from ..adapters.openwebui.tooldef import ToolDef
 from ..adapters.openwebui.valves import (
     model_settings,
-    research_limits,
     shared_endpoints,
-    summary_settings,
 )
 from ..core.checkpoint import CheckpointStore
 from ..core.events import RunEvent, RunFinished, WrappingUp
-from ..core.loop import RunState
-from ..core.prompts import system_prompt_with
-from ..core.sources import SourceLedger
-from ..engine.checkpoints import Checkpointer, RunKey
-from ..engine.runs import HeavySettings, RunPlan, research, single_run
+from ..core.loop import Limits
+from ..engine.runs import RunPlan
+from ..session.run_session import RunSession, open_session
 from .render import ToolStatus, plural
 from .results import Outcome
 from .settings import ENV_PREFIX, Settings, flag_of
@@ -175,26 +165,16 @@ async def _resolve_tools(
 class Researcher:
     """Runs questions against one model server with one set of tools."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        http: httpx.AsyncClient,
-        tools: _Tools,
-        served_context: int,
-        today: dt.date,
-    ) -> None:
-        """Use `http` for every model request (the caller closes it)."""
+    def __init__(self, settings: Settings, session: RunSession, tools: _Tools) -> None:
+        """Run each question in ``session`` (the caller closes it)."""
         self.settings = settings
-        valves = settings.valves
-        self.model_settings = model_settings(valves, settings.api_key)
-        self.model = OpenAIModelClient(self.model_settings, http)
-        self.summarizer = OpenAIModelClient(
-            summary_settings(valves, self.model_settings, settings.summary_key),
-            http,
-        )
+        self.session = session
         self.tools = tools
-        self.today = today
-        self.limits = research_limits(valves, served_context)
+
+    @property
+    def limits(self) -> Limits:
+        """The budgets of every run (the valves, within the served context)."""
+        return self.session.limits
 
     def toolbox(self, sink: EventSink | None, rollout: int = 0) -> Toolbox:
         """The tools of one run (a rollout's statuses name it)."""
@@ -213,30 +193,8 @@ class Researcher:
 
     def plan(self, question: str, heavy: int = 0) -> RunPlan:
         """The plan of one research of `question` (`heavy` rollouts, 0: single)."""
-        valves = self.settings.valves
-        system = system_prompt_with(
-            prompt_lines(self.tools.classes),
-            self.today,
-            valves.SYSTEM_PROMPT_PREAMBLE.strip(),
-        )
-        return RunPlan(
-            messages=[
-                {"role": "system", "content": system},
-                {"role": "user", "content": question},
-            ],
-            limits=self.limits,
-            today=self.today,
-            heavy=(
-                HeavySettings(
-                    heavy,
-                    min(heavy, valves.HEAVY_CONCURRENT_ROLLOUTS),
-                    partial_rollouts=valves.HEAVY_PARTIAL_ROLLOUTS,
-                    branch_steps=valves.HEAVY_BRANCH_STEPS,
-                )
-                if heavy > 1
-                else None
-            ),
-        )
+        conversation = [{"role": "user", "content": question}]
+        return self.session.plan(conversation, self.tools.classes, heavy_rollouts=heavy)
 
     async def run(
         self,
@@ -244,55 +202,27 @@ class Researcher:
         *,
         heavy: int = 0,
         sink: EventSink | None = None,
-        checkpoints: CheckpointStore | None = None,
         run_id: str = "",
     ) -> Outcome:
         """Research `question`; every event goes to `sink` as it happens.
 
-        With `checkpoints`, a single run saves its progress there under
-        `run_id` after every round and goes on from what an interrupted run
-        of the same question left there.
+        With a checkpoint store in the session, the run saves its progress
+        there under `run_id` as it goes, and goes on from what an interrupted
+        run of the same question left there.
         """
         plan = self.plan(question, heavy)
-        ledger = SourceLedger()
         started = time.monotonic()
-        state: RunState | None = None
-        base = self.toolbox(sink)
-        if plan.heavy is None:
-            max_age = self.settings.valves.CHECKPOINT_MAX_AGE_HOURS * 3600
-            keeper = (
-                Checkpointer(
-                    checkpoints,
-                    RunKey(RUNNER_OWNER, run_id, question),
-                    max_age_seconds=max_age,
-                )
-                if checkpoints is not None
-                else None
-            )
-            if keeper is not None:
-                state, resuming = await keeper.starting_state(plan.messages, ledger)
-            else:
-                state = RunState(messages=list(plan.messages), started=started)
-                resuming = False
-            events = single_run(
-                state,
-                self.model,
-                base,
-                plan.limits,
-                ledger,
-                summarizer=self.summarizer,
-                checkpointer=keeper,
-                resuming=resuming,
-            )
-        else:
-            shared_chat = base
+        keeper = self.session.checkpointer(
+            RUNNER_OWNER, run_id, question, heavy=plan.heavy is not None
+        )
+        shared_chat = self.toolbox(sink)
 
-            def tools_for(rollout: int) -> Toolbox:
-                if not rollout or sink is None:
-                    return shared_chat
-                return shared_chat.with_emitter(_status_relay(sink, rollout))
+        def tools_for(rollout: int) -> Toolbox:
+            if not rollout or sink is None:
+                return shared_chat
+            return shared_chat.with_emitter(_status_relay(sink, rollout))
 
-            events = research(plan, self.model, tools_for, ledger, self.summarizer)
+        events = self.session.research(plan, tools_for, checkpointer=keeper)
         finished: RunFinished | None = None
         wrapped_up = ""
         async with contextlib.aclosing(events):
@@ -308,31 +238,29 @@ class Researcher:
                     sink(event)
         if finished is None:  # pragma: no cover - the engine always ends so
             raise RuntimeError("the run ended without RunFinished")
-        messages = _messages(finished, state, plan)
-        if state is None and finished.answer:
-            messages.append(
-                {"role": "assistant", "content": f"<answer>{finished.answer}</answer>"}
-            )
         return Outcome(
             question=question,
             finished=finished,
-            messages=messages,
+            messages=_messages(finished, plan),
             seconds=time.monotonic() - started,
             wrapped_up=wrapped_up,
         )
 
 
-def _messages(
-    finished: RunFinished, state: RunState | None, plan: RunPlan
-) -> list[dict[str, Any]]:
+def _messages(finished: RunFinished, plan: RunPlan) -> list[dict[str, Any]]:
     """What a record keeps of the run's messages (see `Outcome.messages`).
 
-    A single run's whole trajectory, across consolidations (the
-    conversation as last sent if the run gives none); a heavy run's plan.
+    A single run's whole trajectory, across consolidations; a heavy run's
+    plan and its answer.
     """
-    if state is None:
-        return list(plan.messages)
-    return list(finished.trajectory) or list(state.messages)
+    if plan.heavy is None and finished.trajectory:
+        return list(finished.trajectory)
+    messages = list(plan.messages)
+    if finished.answer:
+        messages.append(
+            {"role": "assistant", "content": f"<answer>{finished.answer}</answer>"}
+        )
+    return messages
 
 
 def _status_relay(sink: EventSink, rollout: int) -> Any:
@@ -390,23 +318,33 @@ async def check_model_server(http: httpx.AsyncClient, settings: Settings) -> Non
 
 @contextlib.asynccontextmanager
 async def open_researcher(
-    settings: Settings, today: dt.date | None = None
+    settings: Settings,
+    today: dt.date | None = None,
+    *,
+    checkpoints: CheckpointStore | None = None,
 ) -> AsyncIterator[Researcher]:
     """A `Researcher` whose model server answers and whose tools can run.
+
+    With ``checkpoints``, every run keeps its progress there.
 
     Raises:
         RunnerError: No search engine, no model server, or a bad tool valve.
     """
     check_tool_settings(settings)
     tools = await _resolve_tools(settings)
-    async with httpx.AsyncClient(
-        verify=await shared_ssl_context(),
-        headers={"User-Agent": f"tongyi-deepresearch-runner/{__version__}"},
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-    ) as http:
+
+    async def server_answers(http: httpx.AsyncClient) -> None:
         await check_model_server(http, settings)
-        model = model_settings(settings.valves, settings.api_key)
-        served = await served_context_tokens(http, model)
-        yield Researcher(
-            settings, http, tools, served, today or dt.datetime.now(dt.UTC).date()
-        )
+
+    async with open_session(
+        settings.valves,
+        api_key=settings.api_key,
+        summary_key=settings.summary_key,
+        user_agent=f"tongyi-deepresearch-runner/{__version__}",
+        today=today or dt.datetime.now(dt.UTC).date(),
+        checkpoints=checkpoints,
+        # A batch runs many questions at once on one client.
+        http_limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        check=server_answers,
+    ) as session:
+        yield Researcher(settings, session, tools)
