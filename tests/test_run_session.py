@@ -86,7 +86,7 @@ async def test_the_pipe_and_the_runner_send_the_same_request(tmp_path: Path) -> 
         fake.script(
             Reply(answer("The Ljubljanica.")), Reply(answer("The Ljubljanica."))
         )
-        off = {"PYTHON_ENABLED": False, "SCHOLAR_ENABLED": False}
+        off: dict[str, Any] = {"PYTHON_ENABLED": False, "SCHOLAR_ENABLED": False}
         pipe = make_pipe(fake, PARSE_FILE_ENABLED=False, **off)
         await drive(pipe, [{"role": "user", "content": QUESTION}])
         settings = load_settings(

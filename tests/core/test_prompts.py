@@ -1,8 +1,11 @@
 """The prompts are the model's interface: byte-for-byte checks."""
 
 import datetime as dt
+import itertools
 import json
 from pathlib import Path
+
+import pytest
 
 from tongyi_deepresearch_openwebui_pipeline.core import prompts
 
@@ -68,3 +71,21 @@ def test_wrap_up_message_matches_reference_text():
         "and provide what you consider the most likely answer in the following "
         "format:<think>your final thinking</think>\n<answer>your answer</answer>"
     )
+
+
+@pytest.mark.parametrize(
+    "subset",
+    [
+        subset
+        for size in range(len(prompts.ALL_TOOLS) + 1)
+        for subset in itertools.combinations(prompts.ALL_TOOLS, size)
+    ],
+    ids=lambda subset: "+".join(subset) or "none",
+)
+def test_every_subset_of_tools_is_the_reference_prompt_without_the_others(subset):
+    # Reversed: the order a chat selects them in does not matter.
+    built = prompts.build_system_prompt(list(reversed(subset)), DAY)
+    expected = GOLDEN["SYSTEM_PROMPT"]
+    for name in set(prompts.ALL_TOOLS) - set(subset):
+        expected = expected.replace(prompts.TOOL_LINES[name] + "\n", "")
+    assert built == expected + "2025-09-17"

@@ -14,11 +14,11 @@ import contextlib
 import datetime as dt
 import logging
 import traceback
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ValidationError
 
 from .. import __version__
 from ..adapters import secrets
@@ -28,6 +28,9 @@ from ..adapters.openwebui import valves as shared_valves
 from ..adapters.openwebui.catalog import (
     CATALOG,
     ChatFacts,
+    ToolDef,
+    choice_notes,
+    choose_tools,
     question_note,
 )
 from ..adapters.openwebui.emitter import EventRelay, SafeEmitter
@@ -49,7 +52,14 @@ from ..adapters.openwebui.toolbox import (
     ToolContext,
     ToolResolver,
 )
-from ..adapters.openwebui.valves import BaseValves, model_settings, shared_endpoints
+from ..adapters.openwebui.valves import (
+    BaseValves,
+    UserValves,
+    answer_language_note,
+    model_settings,
+    shared_endpoints,
+    with_user_caps,
+)
 from ..core.checkpoint import CheckpointStore
 from ..core.history import remove_injected_context, split_conversation
 from ..core.tasks import (
@@ -75,12 +85,8 @@ class Pipe:
     # Defined once, in adapters/openwebui/valves.py: the runner's settings too.
     Valves = shared_valves.Valves
 
-    class UserValves(BaseModel):
-        """Each user's own settings."""
-
-        SHOW_THINKING: bool = Field(
-            default=True, description="Show the model's thinking while it researches."
-        )
+    # Each user's own settings, capped by the admin's (valves.py too).
+    UserValves = shared_valves.UserValves
 
     def __init__(
         self,
@@ -277,10 +283,8 @@ class Pipe:
         chat_id: str | None,
         files: list[dict[str, Any]] | None = None,
     ) -> AsyncGenerator[str, None]:
-        user_valves = (user or {}).get("valves")
-        show_thinking = valves.EMIT_THINKING and getattr(
-            user_valves, "SHOW_THINKING", True
-        )
+        mine = _user_valves(user)
+        show_thinking = valves.EMIT_THINKING and mine.SHOW_THINKING
         display = Display(
             thinking=bool(show_thinking) and _streamed(body),
             tool_cards=valves.SHOW_TOOL_CARDS and _streamed(body),
@@ -293,8 +297,16 @@ class Pipe:
         messages, files, web_urls = await _without_injected_context(
             body, request, metadata, files
         )
+        # The tools the chat selected (Open WebUI's tool_ids), within the admin's.
+        choice = choose_tools(
+            [tool for tool in CATALOG if getattr(valves, tool.valve)],
+            (metadata or {}).get("tool_ids"),
+        )
+        for line in choice_notes(choice):
+            await emit.status(line)
         toolbox = await self._toolbox(
             valves,
+            choice.tools,
             api_key=api_key,
             request=request,
             user=user,
@@ -343,7 +355,10 @@ class Pipe:
                 turns,
                 toolbox.available(),
                 heavy_rollouts=rollouts,
-                extra_preamble=system_extra,
+                extra_preamble="\n\n".join(
+                    part for part in (system_extra, answer_language_note(mine)) if part
+                ),
+                limits=with_user_caps(session.limits, mine),
             )
             # A chat Open WebUI does not store ("local:…") cannot be found again.
             stored_chat = "" if (chat_id or "").startswith("local") else chat_id
@@ -371,6 +386,7 @@ class Pipe:
     async def _toolbox(
         self,
         valves: BaseValves,
+        offered: Sequence[ToolDef],
         *,
         api_key: str,
         request: Any,
@@ -379,7 +395,6 @@ class Pipe:
         relay: EventRelay,
         files: list[dict[str, Any]] | None = None,
     ) -> Toolbox:
-        offered = [tool for tool in CATALOG if getattr(valves, tool.valve)]
         classes: dict[str, type] = {}
         for tool in offered:
             if tool.module is not None:
@@ -454,6 +469,21 @@ async def _with_reasoning_apart(
                     if part.reasoning
                     else part.text
                 )
+
+
+def _user_valves(user: dict[str, Any] | None) -> UserValves:
+    """The user's own valves as Open WebUI gave them (defaults when unreadable)."""
+    given = (user or {}).get("valves")
+    if isinstance(given, UserValves):
+        return given
+    try:
+        if isinstance(given, BaseModel):
+            return UserValves.model_validate(given.model_dump())
+        if isinstance(given, dict):
+            return UserValves.model_validate(given)
+    except ValidationError:
+        log.warning("a user's valves could not be read; their defaults are used")
+    return UserValves()
 
 
 def _is_heavy(body: dict[str, Any]) -> bool:

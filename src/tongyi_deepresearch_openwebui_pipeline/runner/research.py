@@ -98,8 +98,13 @@ def check_tool_settings(
 
     Raises:
         RunnerError: A tool that is offered lacks its required setting (search:
-            no SearXNG URL).
+            no SearXNG URL), or ``--tools`` names one that is switched off.
     """
+    for name in settings.tool_choice().switched_off:
+        switch = next(tool.valve for tool in CATALOG if tool.name == name)
+        raise RunnerError(
+            f"--tools names {name}, which {switch}=false switches off", code=2
+        )
     valves = tool_valves(settings, catalog)
     for tool in catalog:
         required = tool.module.runner.required if tool.module else None

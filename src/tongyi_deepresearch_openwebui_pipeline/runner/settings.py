@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..adapters import secrets
-from ..adapters.openwebui.catalog import tool_modules
+from ..adapters.openwebui.catalog import CATALOG, ToolChoice, choose_tools, tool_modules
 from ..adapters.openwebui.valves import BaseValves, Valves
 
 #: Environment variables of settings start with this.
@@ -68,6 +68,27 @@ class RunnerOptions(BaseModel):
         description="Let visit read private and loopback addresses (intranets, "
         "local test servers).",
     )
+    TOOLS: str = Field(
+        default="",
+        description="Only these tools, comma-separated: "
+        + ", ".join(TOOL_TABLES)
+        + " (empty: every tool switched on).",
+    )
+
+    @field_validator("TOOLS")
+    @classmethod
+    def _known_tools(cls, value: str) -> str:
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        unknown = [name for name in names if name not in TOOL_TABLES]
+        if unknown:
+            raise ValueError(
+                f"no tool {unknown[0][:40]!r}: choose from {', '.join(TOOL_TABLES)}"
+            )
+        return ",".join(dict.fromkeys(names))
+
+    def chosen_tools(self) -> list[str]:
+        """The tools named by ``TOOLS`` (empty: no choice was made)."""
+        return [name for name in self.TOOLS.split(",") if name]
 
 
 #: Every setting's name, by the model that holds it.
@@ -87,6 +108,7 @@ SETTING_FLAGS = (
     "TEMPERATURE",
     "MAX_TOKENS",
     "SEARXNG_URL",
+    "TOOLS",
 )
 #: Settings whose flag takes no value (it switches the setting on).
 SWITCH_FLAGS = ("ALLOW_PRIVATE_URLS",)
@@ -123,8 +145,17 @@ class Settings:
     summary_key: str = ""
 
     def enabled(self, valve: str) -> bool:
-        """Whether the pipe valve `valve` (a tool switch) is on."""
-        return bool(getattr(self.valves, valve, False))
+        """Whether the tool switched by valve `valve` runs (``--tools`` narrows)."""
+        if not getattr(self.valves, valve, False):
+            return False
+        if not self.options.chosen_tools():
+            return True
+        return any(tool.valve == valve for tool in self.tool_choice().tools)
+
+    def tool_choice(self) -> ToolChoice:
+        """The tools of every run: the switches on, narrowed by ``TOOLS``."""
+        offered = [tool for tool in CATALOG if getattr(self.valves, tool.valve, False)]
+        return choose_tools(offered, self.options.chosen_tools())
 
     def redactor(self) -> secrets.Redactor:
         """Masks every secret these settings hold (for error messages)."""

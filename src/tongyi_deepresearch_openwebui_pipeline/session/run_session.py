@@ -36,6 +36,7 @@ from ..adapters.openwebui.valves import (
 )
 from ..core.checkpoint import CheckpointStore
 from ..core.events import ModelPort, RunEvent, ToolPort
+from ..core.loop import Limits
 from ..core.prompts import system_prompt_with
 from ..core.sources import SourceLedger
 from ..engine.checkpoints import Checkpointer, RunKey
@@ -111,6 +112,7 @@ class RunSession:
         *,
         heavy_rollouts: int = 0,
         extra_preamble: str = "",
+        limits: Limits | None = None,
     ) -> RunPlan:
         """The plan of one research.
 
@@ -122,6 +124,8 @@ class RunSession:
             heavy_rollouts: Rollouts of a Heavy run; 0 or 1: a single run.
             extra_preamble: What the chat's own system messages add after
                 the valve's preamble.
+            limits: This run's budgets, when lower than the session's (a
+                user's own caps).
         """
         preamble = "\n\n".join(
             part
@@ -131,7 +135,7 @@ class RunSession:
         system = system_prompt_with(prompt_lines(tools), self.today, preamble)
         return RunPlan(
             messages=[{"role": "system", "content": system}, *conversation],
-            limits=self.limits,
+            limits=limits or self.limits,
             today=self.today,
             heavy=self._heavy(heavy_rollouts),
         )

@@ -29,6 +29,7 @@ its line, in the same words, with its `ToolDef.call_example`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ...core.prompts import TOOL_LINES
@@ -52,9 +53,12 @@ __all__ = [
     "ChatFacts",
     "Handler",
     "HandlerBuilder",
+    "ToolChoice",
     "ToolDef",
     "ToolModule",
     "call_tallies",
+    "choice_notes",
+    "choose_tools",
     "describe_call",
     "prompt_lines",
     "question_note",
@@ -232,3 +236,89 @@ def call_tallies(
     """What one call of `name` adds to the run's tallies."""
     tool = tool_named(name, catalog)
     return tool.tallies(arguments) if tool else ()
+
+
+#: Most tool ids a request's selection is read for (the rest are ignored).
+MAX_SELECTED_TOOLS = 64
+#: Longest tool id kept of a selection (a longer one is nobody's).
+MAX_TOOL_ID_CHARS = 200
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """The tools one research may use, and what the chat asked for in vain."""
+
+    #: The tools offered to the model, in the catalog's order.
+    tools: tuple[ToolDef, ...]
+    #: Selected tools the model was not trained on (not offered).
+    foreign: tuple[str, ...] = ()
+    #: Selected tools of this project that the admin switched off.
+    switched_off: tuple[str, ...] = ()
+
+
+def choose_tools(
+    offered: Sequence[ToolDef],
+    selected: object,
+    catalog: Sequence[ToolDef] = CATALOG,
+) -> ToolChoice:
+    """The tools of one research: the admin's (`offered`), narrowed by a chat.
+
+    ``selected`` is what the chat (or an API request) selected: Open WebUI's
+    ``tool_ids``, or the runner's tool names; a tool module matches by its
+    registry id or by the name the model calls. When it names any tool
+    module of this project, the research uses exactly those of them the
+    admin offers; the tools that are not modules (PythonInterpreter,
+    parse_file) cannot be selected in a chat and keep their own conditions
+    (the admin's code execution, the chat's attached files). With none of
+    ours selected, the admin's choice holds. Anything that is not a list of
+    text is no selection.
+    """
+    ids = _selected_ids(selected)
+    by_id = {
+        key: tool
+        for tool in catalog
+        if tool.module is not None
+        for key in (tool.module.registry_id, tool.name)
+    }
+    ours = {by_id[i].name for i in ids if i in by_id}
+    foreign = tuple(dict.fromkeys(i for i in ids if i not in by_id))
+    if not ours:
+        return ToolChoice(tuple(offered), foreign)
+    tools = tuple(t for t in offered if t.module is None or t.name in ours)
+    kept = {t.name for t in tools}
+    off = tuple(t.name for t in catalog if t.name in ours and t.name not in kept)
+    return ToolChoice(tools, foreign, off)
+
+
+def _selected_ids(selected: object) -> list[str]:
+    if not isinstance(selected, list | tuple):
+        return []
+    ids = (
+        item.strip() for item in selected[:MAX_SELECTED_TOOLS] if isinstance(item, str)
+    )
+    return [i for i in ids if i and len(i) <= MAX_TOOL_ID_CHARS]
+
+
+#: Most selected names a note lists (then "and N more").
+NOTE_NAMES = 5
+
+
+def choice_notes(choice: ToolChoice) -> list[str]:
+    """What the chat is told of its selection that the research does not follow."""
+    notes = []
+    if choice.foreign:
+        notes.append(
+            "Not offered to the research model (it was not trained on them): "
+            + _names(choice.foreign)
+        )
+    if choice.switched_off:
+        notes.append(
+            "Switched off by the administrator: " + _names(choice.switched_off)
+        )
+    return notes
+
+
+def _names(names: Sequence[str]) -> str:
+    shown = ", ".join(name[:60] for name in names[:NOTE_NAMES])
+    more = len(names) - NOTE_NAMES
+    return shown + (f" and {more} more" if more > 0 else "")

@@ -333,6 +333,64 @@ def with_tool_switches(
 Valves = with_tool_switches(BaseValves)
 
 
+#: What a language name may hold: letters of any script, spaces, hyphens,
+#: parentheses and commas ("Brazilian Portuguese", "中文", "Serbian (Latin)").
+_LANGUAGE = r"^[^\W\d_]+(?:[ ,()\-]*[^\W\d_()]+\)?)*$"
+
+
+class UserValves(BaseModel):
+    """Each user's own settings (the model's controls); the admin's are the ceiling."""
+
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    SHOW_THINKING: bool = Field(
+        default=True, description="Show the model's thinking while it researches."
+    )
+    MAX_RESEARCH_MINUTES: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1440.0,
+        description=(
+            "Your time limit for one research, in minutes (0: the administrator's; "
+            "never above it)."
+        ),
+    )
+    MAX_TOOL_ROUNDS: int = Field(
+        default=0,
+        ge=0,
+        le=500,
+        description=(
+            "Your most rounds for one research (0: the administrator's; never "
+            "above it)."
+        ),
+    )
+    ANSWER_LANGUAGE: str = Field(
+        default="",
+        max_length=40,
+        pattern=_LANGUAGE + "|^$",
+        description=(
+            "Language of the final answer, e.g. German (empty: as the model "
+            "chooses, usually the question's)."
+        ),
+    )
+
+
+def with_user_caps(limits: Limits, user: UserValves) -> Limits:
+    """``limits`` lowered to a user's own, where they set lower ones."""
+    seconds, rounds = limits.max_seconds, limits.max_rounds
+    if user.MAX_RESEARCH_MINUTES > 0:
+        seconds = min(seconds, user.MAX_RESEARCH_MINUTES * 60)
+    if user.MAX_TOOL_ROUNDS > 0:
+        rounds = min(rounds, user.MAX_TOOL_ROUNDS)
+    return replace(limits, max_seconds=seconds, max_rounds=rounds)
+
+
+def answer_language_note(user: UserValves) -> str:
+    """What the system prompt's preamble says of the answer's language ("": nothing)."""
+    language = user.ANSWER_LANGUAGE.strip()
+    return f"Write the final answer in {language}." if language else ""
+
+
 def model_settings(valves: BaseValves, api_key: str) -> ModelSettings:
     """How to reach the research model, from the valves and the decrypted key."""
     return ModelSettings(
