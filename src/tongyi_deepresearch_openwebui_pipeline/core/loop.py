@@ -11,7 +11,10 @@ Decisions beyond the reference agent (each has a test):
 
 - Several calls in one turn all run (concurrently, up to
   ``Limits.max_calls_per_turn``); extra ones get an error block saying so.
-  The reference silently ran only the first.
+  The reference silently ran only the first. Each call's result is shown
+  (`ToolCallFinished`) as soon as that call finishes, so a quick search does
+  not wait for a slow page; the model gets them all in one message, in the
+  order of the calls.
 - A call and an answer in the same turn: the answer ends the run.
 - A turn with neither call nor answer gets a model-facing nudge in a
   ``<tool_response>`` block; a second one in a row ends the run with that
@@ -52,22 +55,35 @@ Decisions beyond the reference agent (each has a test):
 - Every run ends with the lab's name for its ending
   (`RunFinished.lab_termination`) and its whole trajectory across
   consolidations (`RunFinished.trajectory`).
+
+How it is built: a run is a chain of steps (a round, a tool turn, a
+consolidation, the wrap-up, a model call), each an async generator that
+yields the run's events and, last, may hand over to the step that follows
+(`_Next`; without one the next round follows, and `RunFinished` ends the run).
+What a step decides, plain methods return: the model's turn and the summary
+reach `_after_turn`, `_after_answer_turn` and `_after_summary` as values, and
+they give the next step; what outlasts a step is in `RunState` (which
+checkpoints save). Only `run` iterates steps, each inside ``aclosing()``, so
+Stop closes the step under way at once, with the model stream or the tool
+calls it holds. Why: an async generator cannot return a value, so steps that
+called each other needed holder objects and a closing loop at every call;
+handing over keeps each step flat and the "Stop stops everything" rule in
+one place.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
-from .budget import MESSAGE_OVERHEAD_TOKENS, estimate_text_tokens, messages_tokens
+from .budget import estimate_text_tokens, messages_tokens
 from .consolidation import (
     MAX_RESTART_SHARE,
     SUMMARY_MIN_TOKENS,
-    consolidation_point,
     defused_summary,
     restarted_conversation,
     state_from_reply,
@@ -87,8 +103,8 @@ from .events import (
     ConsolidationStarted,
     ContextOverflowError,
     ContextWarning,
-    Counters,
     Event,
+    ModelChunk,
     ModelDelta,
     ModelError,
     ModelFinish,
@@ -98,19 +114,17 @@ from .events import (
     ModelUsage,
     RoundStarted,
     RunFinished,
-    RunStats,
     Termination,
     ThinkingDelta,
     ToolCallFinished,
     ToolCallStarted,
     ToolOutcome,
     ToolPort,
-    UsageUpdated,
     WrappingUp,
 )
-from .history import content_text
 from .prompts import CALLS_EXCEEDED_MESSAGE, WRAP_UP_MESSAGE
 from .protocol import Fragment, Turn, TurnParser
+from .run_state import TALLIES, AtLimit, Limits, RunState
 from .toolcalls import (
     CallError,
     ToolCall,
@@ -120,6 +134,9 @@ from .toolcalls import (
     wrap_response,
     wrap_responses,
 )
+
+# Re-exported: the run's budgets and state (`core.run_state`) are the loop's too.
+__all__ = ["TALLIES", "AtLimit", "Limits", "RunState"]
 
 NO_CALL_NUDGE = (
     "Error: your last turn contained neither a <tool_call> nor an <answer>. "
@@ -152,8 +169,6 @@ RAISE_CONTEXT_HINT = (
 #: exceed `TRUNCATION_MIN_GAP` so short prompts cannot trip it.
 TRUNCATION_RATIO = 0.5
 TRUNCATION_MIN_GAP = 2048
-#: The counters a tool's outcome may add to (`ToolOutcome.counts`).
-TALLIES = ("searches", "pages_requested")
 #: Times the final answer is asked for again after an overflow, each with less.
 OVERFLOW_RETRIES = 3
 #: Fewest reply tokens a request asks for (a request is never sent with none).
@@ -161,150 +176,53 @@ MIN_REPLY_TOKENS = 16
 #: Share of the served context kept free beside prompt and reply.
 REPLY_MARGIN_SHARE = 0.01
 
-#: What a run does when the conversation fills the usable context.
-AtLimit = Literal["consolidate", "wrap_up"]
 #: Whether a run ended with an answer, and one in closed ``<answer>`` tags.
 Answered = Literal["closed", "unmarked", "none"]
-#: The loop's own steps are async generators, and each is iterated inside
-#: ``aclosing()``: a run closed early (Stop) closes every step under it at
-#: once, down to the model's stream, instead of leaving them to the garbage
-#: collector's finalizer.
-_Events: TypeAlias = AsyncGenerator[Event, None]
-
-
-class _OutOfTimeError(Exception):
-    """The wall-clock deadline passed while a model turn was streaming."""
+#: One step of a run: the run's events, and last, maybe the step that follows.
+_Step: TypeAlias = AsyncGenerator["Event | _Next", None]
+#: A call of the run, as the model asked for it or as the error it gets.
+_Call: TypeAlias = ToolCall | CallError
+#: A call's task: its outcome, and how long it took.
+_CallTask: TypeAlias = asyncio.Task[tuple[ToolOutcome, float]]
+#: A turn's call tasks, each with its call and the call's place in the turn.
+_CallTasks: TypeAlias = dict[_CallTask, tuple[int, _Call]]
 
 
 @dataclass(frozen=True)
-class Limits:
-    """The run's budgets."""
+class _Next:
+    """The step that follows the step that yields this, as its last item.
 
-    max_rounds: int = 100
-    max_context_tokens: int = 110 * 1024
-    max_seconds: float = 150 * 60
-    max_calls_per_turn: int = 5
-    #: Context the server can actually hold (prompt + reply); 0 = unknown.
-    model_context_tokens: int = 0
-    max_output_tokens: int = 10000
-    #: Extra wall-clock time, past `max_seconds`, for the final answer.
-    wrap_up_seconds: float = 120.0
-    #: At the context limit: the reference wrap-up, or consolidate and go on.
-    at_limit: AtLimit = "wrap_up"
-    #: Most consolidations of one run (then the wrap-up).
-    max_consolidations: int = 30
-    #: The reference agent's limits (inference/react_agent.py): the wrap-up
-    #: overwrites the last message, the round limit makes no further call,
-    #: and the time limit is checked between rounds and ends without a call.
-    reference_run: bool = False
+    None: the next round (its budgets first), as after a step without it.
+    """
 
-    def hard_limit(self, cap: int = 0) -> int:
-        """The most the server holds, prompt and reply together (within `cap`)."""
-        hard = self.model_context_tokens or (
-            self.max_context_tokens + self.max_output_tokens
-        )
-        return min(hard, cap) if cap else hard
-
-    def reply_room(self, cap: int = 0) -> int:
-        """Tokens kept free for the reply (at most half of a small context)."""
-        return min(self.max_output_tokens, self.hard_limit(cap) // 2)
-
-    def context_limit(self, cap: int = 0) -> int:
-        """The most the conversation may hold before the model must answer."""
-        usable = self.hard_limit(cap) - self.reply_room(cap)
-        return max(min(self.max_context_tokens, usable), 1)
-
-    def consolidation_point(self, cap: int = 0) -> float:
-        """The conversation size at which the run consolidates (ReSum's trigger).
-
-        The lab's ``0.9 * (MAX_CONTEXT * 1024 - 1000)`` with ``MAX_CONTEXT *
-        1024`` the context served (within `cap`), and within the budget
-        `max_context_tokens`: 28,591.2 tokens on a 32K server.
-        """
-        return consolidation_point(min(self.hard_limit(cap), self.max_context_tokens))
+    step: _Step | None
 
 
-@dataclass
-class RunState:
-    """Everything one research run owns. Nothing of it lives on the Pipe."""
+class _OutOfTimeError(Exception):
+    """The wall-clock deadline passed while a model call was streaming."""
 
-    messages: list[dict[str, Any]]
-    started: float
-    round: int = 0
-    stalls: int = 0
-    counters: Counters = field(default_factory=Counters)
-    # Server-reported size of the conversation up to and including the last
-    # assistant turn, and how many messages that covered.
-    measured_tokens: int | None = None
-    measured_upto: int = 0
-    #: Largest prompt + reply of any call, and the context the server serves.
-    peak_context_tokens: int = 0
-    served_context_tokens: int = 0
-    #: (url, title) of every page read, in order.
-    pages: list[tuple[str, str]] = field(default_factory=list)
-    #: Every message of the run in order, across consolidations
-    #: (`RunFinished.trajectory`); the opening conversation when empty.
-    trajectory: list[dict[str, Any]] = field(default_factory=list)
-    #: The message the conversation opens with (the question; after a
-    #: consolidation, the restart), which a summary does not summarise; -1
-    #: until the loop finds it when the run starts.
-    opening: int = -1
-    #: The question: the chat's last user message when the run started.
-    question: str = ""
-    #: The last summary as the restart carried it ("" before the first).
-    last_summary: str = ""
-    #: The context the server showed it holds (a refusal, a silent cut).
-    context_cap: int = 0
-    #: The server refused the last request for its length.
-    refused_for_length: bool = False
 
-    def __post_init__(self) -> None:
-        """The trajectory starts as the conversation the run opens with."""
-        if not self.trajectory:
-            self.trajectory = list(self.messages)
+@dataclass(frozen=True)
+class _TurnOutcome:
+    """How a model turn ended: the turn as parsed, and what cut it short."""
 
-    def add(self, message: dict[str, Any]) -> None:
-        """Append ``message`` to the conversation and to the trajectory.
+    turn: Turn
+    finish_reason: str | None = None
+    #: The turn had started its ``<answer>`` (answer text was shown).
+    answering: bool = False
+    #: A refusal (`ContextOverflowError`), a failed call, or the deadline.
+    failure: ModelError | _OutOfTimeError | None = None
 
-        Both hold the same dict: a message the reference wrap-up overwrites
-        is overwritten in the trajectory too, as in the lab's ``messages``.
-        """
-        self.messages.append(message)
-        self.trajectory.append(message)
 
-    def context_tokens(self) -> int:
-        """Best estimate of the conversation's size in tokens."""
-        if self.measured_tokens is None:
-            return messages_tokens(self.messages)
-        # The reply's completion tokens leave out its framing in the template.
-        return (
-            self.measured_tokens
-            + MESSAGE_OVERHEAD_TOKENS
-            + messages_tokens(self.messages[self.measured_upto :])
-        )
+@dataclass(frozen=True)
+class _SummaryReply:
+    """What the summary model wrote, what it cost, and what cut it short."""
 
-    def stats(self, now: float) -> RunStats:
-        """Figures for the summary."""
-        c = self.counters
-        return RunStats(
-            rounds=self.round,
-            searches=c.searches,
-            pages_requested=c.pages_requested,
-            tool_calls=c.tool_calls,
-            prompt_tokens=c.prompt_tokens,
-            completion_tokens=c.completion_tokens,
-            cost=c.cost,
-            seconds=now - self.started,
-            consolidations=c.consolidations,
-            consolidation_prompt_tokens=c.consolidation_prompt_tokens,
-            consolidation_completion_tokens=c.consolidation_completion_tokens,
-            peak_context_tokens=self.peak_context_tokens,
-            served_context_tokens=self.served_context_tokens,
-        )
-
-    def note_peak(self, tokens: int) -> None:
-        """Keep the largest context any call used."""
-        self.peak_context_tokens = max(self.peak_context_tokens, tokens)
+    content: str
+    reasoning: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    failure: ModelError | _OutOfTimeError | None = None
 
 
 def _fragment_events(fragments: list[Fragment]) -> list[Event]:
@@ -316,50 +234,6 @@ def _fragment_events(fragments: list[Fragment]) -> list[Event]:
         elif fragment.kind == "think" or fragment.text.strip():
             events.append(ThinkingDelta(fragment.text))
     return events
-
-
-@dataclass
-class _TurnResult:
-    turn: Turn
-    finish_reason: str | None = None
-    #: The turn had started its ``<answer>`` (answer text was shown).
-    answering: bool = False
-    #: The server reported usage for the turn.
-    measured: bool = False
-    #: The server refused the request for its length (no turn came).
-    refused: bool = False
-
-
-@dataclass
-class _Step:
-    #: The run has finished (`RunFinished` was yielded).
-    ended: bool = False
-
-
-@dataclass
-class _Consolidation:
-    #: The conversation was replaced by the question and its state.
-    done: bool = False
-
-
-@dataclass
-class _SummaryCall:
-    """What the summary model wrote, and what it cost."""
-
-    content_parts: list[str] = field(default_factory=list)
-    reasoning_parts: list[str] = field(default_factory=list)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    @property
-    def content(self) -> str:
-        """The reply's content."""
-        return "".join(self.content_parts)
-
-    @property
-    def reasoning(self) -> str:
-        """The reply's reasoning channel."""
-        return "".join(self.reasoning_parts)
 
 
 class ResearchLoop:
@@ -391,70 +265,47 @@ class ResearchLoop:
         # the question (the chat's last user message when the run started).
         self._system = [m for m in state.messages if m.get("role") == "system"]
         if state.opening < 0:  # a new run (a resumed one knows its opening)
-            state.opening = next(
-                (
-                    index
-                    for index in range(len(state.messages) - 1, -1, -1)
-                    if state.messages[index].get("role") == "user"
-                ),
-                -1,
-            )
-            state.question = (
-                content_text(state.messages[state.opening].get("content"))
-                if state.opening >= 0
-                else ""
-            )
+            state.find_opening()
         # The event loop's timer saw the deadline pass (tools were stopped).
         self._out_of_time_seen = False
 
     # -- the loop --
     async def run(self) -> AsyncIterator[Event]:
-        """Yield the run's events until it finishes (always with RunFinished)."""
+        """Yield the run's events until it finishes (always with RunFinished).
+
+        Each step runs inside ``aclosing()`` until it hands over (`_Next`);
+        a step that does not is followed by the next round.
+        """
         small = self._small_context_warning()
         if small is not None:
             yield small
-        async with aclosing(self._rounds()) as events:
-            async for event in events:
-                yield event
+        step = self._before_round()
+        while True:
+            following: _Step | None = None
+            async with aclosing(step) as items:
+                async for item in items:
+                    if isinstance(item, _Next):
+                        following = item.step
+                        break
+                    yield item
+                    if isinstance(item, RunFinished):
+                        return
+            step = following if following is not None else self._before_round()
 
-    async def _rounds(self) -> _Events:
-        step = _Step()
-        while not step.ended:
-            async with aclosing(self._at_budgets(step)) as events:
-                async for event in events:
-                    yield event
-            if step.ended:
-                return
-            async with aclosing(self._round(step)) as events:
-                async for event in events:
-                    yield event
-
-    async def _at_budgets(self, step: _Step) -> _Events:
-        """Before a round: consolidate, or wrap up, when a budget ran out."""
+    def _before_round(self) -> _Step:
+        """A round, or first a consolidation or the wrap-up if a budget ran out."""
         if self.limits.reference_run:
-            async with aclosing(self._at_reference_limits(step)) as events:
-                async for event in events:
-                    yield event
-            return
+            return self._at_reference_limits()
         exhausted = self._exhausted_budget()
         if self.state.refused_for_length and not exhausted:
             exhausted = "context_limit"
         if exhausted == "context_limit" and self._may_consolidate():
-            consolidation = _Consolidation()
-            async with aclosing(self._consolidate(consolidation)) as events:
-                async for event in events:
-                    yield event
-            if consolidation.done:
-                self.state.refused_for_length = False
-                return
-            exhausted = self._exhausted_budget() or "context_limit"
+            return self._consolidate()
         if exhausted:
-            step.ended = True
-            async with aclosing(self._wrap_up(exhausted)) as events:
-                async for event in events:
-                    yield event
+            return self._wrap_up(exhausted)
+        return self._round()
 
-    async def _at_reference_limits(self, step: _Step) -> _Events:
+    def _at_reference_limits(self) -> _Step:
         """The reference agent's limits, in its order (inference/react_agent.py).
 
         After the last available round the last message becomes the lab's
@@ -466,81 +317,62 @@ class ResearchLoop:
         state = self.state
         out_of_rounds = state.round >= self.limits.max_rounds
         if out_of_rounds:
-            self._overwrite_last(CALLS_EXCEEDED_MESSAGE)
+            state.overwrite_last(CALLS_EXCEEDED_MESSAGE)
         if state.round > 0 and state.context_tokens() > self._context_limit():
-            ending: Termination = "context_limit"
-        elif out_of_rounds:
-            ending = "round_limit"
-        elif self.clock() - state.started > self.limits.max_seconds:
-            ending = "time_limit"
-        else:
-            return
-        step.ended = True
-        if ending != "context_limit":
-            yield self._finished(ending)
-            return
-        async with aclosing(self._wrap_up("context_limit")) as events:
-            async for event in events:
-                yield event
+            return self._wrap_up("context_limit")
+        if out_of_rounds:
+            return _just(self._finished("round_limit"))
+        if self.clock() - state.started > self.limits.max_seconds:
+            return _just(self._finished("time_limit"))
+        return self._round()
 
-    async def _round(self, step: _Step) -> _Events:
-        """One round: the model's turn, then its tool calls (or the end)."""
+    async def _round(self) -> _Step:
+        """One round: the model's turn (`_after_turn` says what follows it)."""
         state = self.state
         state.round += 1
         yield RoundStarted(state.round, self.limits.max_rounds)
-        result = _TurnResult(TurnParser().finish())
-        async with aclosing(self._turn_or_end(result, step)) as events:
-            async for event in events:
-                yield event
-        if step.ended or result.refused:
-            return
-        turn = result.turn
+        deadline, grace = self._deadline(), self._grace_deadline()
+        yield _Next(self._model_turn(deadline, grace, self._after_turn))
+
+    def _after_turn(self, outcome: _TurnOutcome) -> _Step | None:
+        """After a round's turn: the end, its calls, or a nudge (None: go on)."""
+        if outcome.failure is not None:
+            return self._after_failed_turn(outcome)
+        state, turn = self.state, outcome.turn
         state.add({"role": "assistant", "content": turn.history_text})
         if turn.answer is not None:
-            step.ended = True
-            yield self._finished(
-                "answer", answer=turn.answer.strip(), closed=turn.answer_closed
+            return _just(
+                self._finished(
+                    "answer", answer=turn.answer.strip(), closed=turn.answer_closed
+                )
             )
-        elif turn.calls:
+        if turn.calls:
             state.stalls = 0
-            async with aclosing(self._run_calls(turn.calls)) as events:
-                async for event in events:
-                    yield event
-        elif state.stalls >= 1 and turn.stray_text:
-            step.ended = True
-            yield self._finished("answer", answer=turn.stray_text, answer_marked=False)
-        else:
-            state.stalls += 1
-            cut = result.finish_reason == "length"
-            nudge = CUT_OFF_NUDGE if cut else NO_CALL_NUDGE
-            state.add({"role": "user", "content": wrap_response(nudge)})
+            return self._run_calls(turn.calls)
+        if state.stalls >= 1 and turn.stray_text:
+            return _just(
+                self._finished("answer", answer=turn.stray_text, answer_marked=False)
+            )
+        state.stalls += 1
+        nudge = CUT_OFF_NUDGE if outcome.finish_reason == "length" else NO_CALL_NUDGE
+        state.add({"role": "user", "content": wrap_response(nudge)})
+        return None
 
-    async def _turn_or_end(self, result: _TurnResult, step: _Step) -> _Events:
-        """Stream the model's turn; a failure ends the run or is recovered from."""
-        deadline, grace = self._deadline(), self._grace_deadline()
-        try:
-            async with aclosing(self._model_turn(result, deadline, grace)) as events:
-                async for event in events:
-                    yield event
-            return
-        except ContextOverflowError as error:
-            yield self._overflowed(error)
-            if self._may_consolidate():
-                # The refused round did not happen: it is asked again after
-                # the consolidation (or the wrap-up answers).
-                self.state.round -= 1
-                self.state.refused_for_length = True
-                result.refused = True
-                return
-            events = self._wrap_up("context_limit")
-        except ModelError as error:
-            events = _just(self._finished("error", error=error.message))
-        except _OutOfTimeError:
-            events = self._out_of_time(result)
-        step.ended = True
-        async with aclosing(events):
-            async for event in events:
-                yield event
+    def _after_failed_turn(self, outcome: _TurnOutcome) -> _Step | None:
+        """A turn cut short: recover from a refusal or the deadline, or end."""
+        failure = outcome.failure
+        if isinstance(failure, ContextOverflowError):
+            warning = self._overflowed(failure)
+            if not self._may_consolidate():
+                return _just(warning, then=self._wrap_up("context_limit"))
+            # The refused round did not happen: it is asked again after the
+            # consolidation (or the wrap-up answers).
+            self.state.round -= 1
+            self.state.refused_for_length = True
+            return _just(warning)
+        if isinstance(failure, ModelError):
+            return _just(self._finished("error", error=failure.message))
+        return self._out_of_time(outcome)
 
     # -- deadlines --
     def _deadline(self) -> float | None:
@@ -562,113 +394,88 @@ class ResearchLoop:
         now = asyncio.get_running_loop().time()
         return max(deadline, now) + self.limits.wrap_up_seconds
 
-    async def _out_of_time(self, result: _TurnResult) -> _Events:
+    def _out_of_time(self, outcome: _TurnOutcome) -> _Step:
         """The deadline passed mid-turn: keep a started answer, or wrap up."""
-        if not result.answering:
+        if not outcome.answering:
             # The unfinished turn is dropped; the wrap-up asks for the answer.
-            async with aclosing(self._wrap_up("time_limit")) as events:
-                async for event in events:
-                    yield event
-            return
+            return self._wrap_up("time_limit")
         # It was writing its answer and overran even the grace: keep that.
-        turn = result.turn
+        turn = outcome.turn
         self.state.add({"role": "assistant", "content": turn.history_text})
-        yield self._finished(
-            "time_limit",
-            answer=(turn.answer or "").strip(),
-            answer_marked=turn.answer_closed,
+        return _just(
+            self._finished(
+                "time_limit",
+                answer=(turn.answer or "").strip(),
+                answer_marked=turn.answer_closed,
+            )
         )
 
     # -- one model call --
     async def _model_turn(
         self,
-        result: _TurnResult,
         deadline: float | None,
         answer_deadline: float | None,
-    ) -> _Events:
-        """Stream one model turn into ``result``, bounded in wall-clock time.
+        then: Callable[[_TurnOutcome], _Step | None],
+    ) -> _Step:
+        """Stream one model turn, bounded in wall-clock time, then hand over.
 
         The turn must end by ``deadline``, or by ``answer_deadline`` once it
-        has started its answer. Past it the stream is cancelled, ``result.turn``
-        holds what was parsed so far and `_OutOfTimeError` is raised.
+        has started its answer; past it the stream is cancelled and the turn
+        is what was parsed so far. ``then`` gets the outcome (a refusal or a
+        failed call in it too) and gives the step that follows.
         """
-        parser = TurnParser()
-        sent = len(self.state.messages)
-        prompt = self.state.context_tokens()
-        stream = aiter(
-            self.model.stream(
-                list(self.state.messages), max_tokens=self._reply_tokens(prompt)
-            )
-        )
+        parser, answering, finish_reason = TurnParser(), False, None
+        measured = False
+        failure: ModelError | _OutOfTimeError | None = None
+        messages, prompt = list(self.state.messages), self.state.context_tokens()
+        stream: AsyncIterator[ModelChunk] | None = None
         try:
-            while True:
-                limit = answer_deadline if result.answering else deadline
-                try:
-                    async with asyncio.timeout_at(limit):
-                        chunk = await anext(stream)
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
-                    result.turn = parser.finish()
-                    raise _OutOfTimeError from None
+            reply_tokens = self._reply_tokens(prompt)
+            stream = aiter(self.model.stream(messages, max_tokens=reply_tokens))
+            while (
+                chunk := await _next_chunk(
+                    stream, answer_deadline if answering else deadline
+                )
+            ) is not None:
                 if isinstance(chunk, ModelDelta):
                     fragments = parser.feed_reasoning(chunk.reasoning) + parser.feed(
                         chunk.content
                     )
                     for event in _fragment_events(fragments):
-                        result.answering |= isinstance(event, AnswerDelta)
+                        answering |= isinstance(event, AnswerDelta)
                         yield event
                 elif isinstance(chunk, ModelUsage):
-                    result.measured = True
-                    for event in self._on_usage(chunk, sent):
+                    measured = True
+                    for event in self._on_usage(chunk, len(messages)):
                         yield event
                 elif isinstance(chunk, ModelFinish):
-                    result.finish_reason = chunk.reason
+                    finish_reason = chunk.reason
                 elif isinstance(chunk, ModelRetry):
-                    parser = TurnParser()
-                    result.answering = False
-                    yield ModelRetrying(
-                        chunk.attempt, chunk.max_attempts, chunk.reason, chunk.delay
-                    )
+                    parser, answering = TurnParser(), False
+                    yield _retrying(chunk)
+        except (ModelError, _OutOfTimeError) as error:
+            failure = error
         finally:
             # A cancelled or abandoned turn must not leave the request open.
-            close = getattr(stream, "aclose", None)
-            if close is not None:
-                await close()
-        for event in _fragment_events(parser.flush()):
-            yield event
-        result.turn = parser.finish()
-        self._note_unmeasured(result, prompt)
+            await _close(stream)
+        if failure is None:
+            for event in _fragment_events(parser.flush()):
+                yield event
+        turn = parser.finish()
+        if failure is None:
+            self._note_unmeasured(turn, prompt, measured=measured)
+        yield _Next(then(_TurnOutcome(turn, finish_reason, answering, failure)))
 
-    def _note_unmeasured(self, result: _TurnResult, prompt: int) -> None:
+    def _note_unmeasured(self, turn: Turn, prompt: int, *, measured: bool) -> None:
         """Without usage from the server, the peak context is estimated."""
-        if not result.measured:
-            reply = estimate_text_tokens(result.turn.history_text)
-            self.state.note_peak(prompt + reply)
+        if not measured:
+            self.state.note_peak(prompt + estimate_text_tokens(turn.history_text))
 
     def _on_usage(self, usage: ModelUsage, sent: int) -> list[Event]:
         """The turn's usage: the totals, and a warning if the prompt was cut."""
-        counted: Event = self._count_usage(usage, sent)
+        counted: Event = self.state.count_usage(usage, sent)
         warning = self._truncation(usage, sent)
         return [counted] if warning is None else [counted, warning]
-
-    def _count_usage(self, usage: ModelUsage, sent: int) -> UsageUpdated:
-        state, counters = self.state, self.state.counters
-        counters.prompt_tokens += usage.prompt_tokens
-        counters.completion_tokens += usage.completion_tokens
-        if usage.cost is not None:
-            counters.cost = (counters.cost or 0.0) + usage.cost
-        state.measured_tokens = usage.prompt_tokens + usage.completion_tokens
-        state.measured_upto = sent + 1  # the prompt plus the reply being streamed
-        state.note_peak(state.measured_tokens)
-        return UsageUpdated(
-            usage.prompt_tokens,
-            usage.completion_tokens,
-            counters.prompt_tokens,
-            counters.completion_tokens,
-            counters.cost,
-            state.measured_tokens,
-        )
 
     def _small_context_warning(self) -> ContextWarning | None:
         served = self.limits.model_context_tokens
@@ -701,7 +508,7 @@ class ResearchLoop:
             return None
         if expected - processed < TRUNCATION_MIN_GAP:
             return None
-        self._cap_context(processed + usage.completion_tokens)
+        self.state.cap_context(processed + usage.completion_tokens)
         return ContextWarning(
             f"The model server processed only {processed:,} of the about "
             f"{expected:,} prompt tokens sent: it cut the conversation to fit a "
@@ -712,15 +519,11 @@ class ResearchLoop:
     def _overflowed(self, error: ContextOverflowError) -> ContextWarning:
         """Hold the run to the context the server holds; say so."""
         sent = self.state.context_tokens()
-        self._cap_context(error.limit or int(sent * 0.75))
+        self.state.cap_context(error.limit or int(sent * 0.75))
         return ContextWarning(
             f"{error.message} Making room and asking for the answer. "
             f"{RAISE_CONTEXT_HINT}"
         )
-
-    def _cap_context(self, tokens: int) -> None:
-        tokens = max(tokens, 1)
-        self.state.context_cap = min(self.state.context_cap or tokens, tokens)
 
     # -- consolidation --
     def _may_consolidate(self) -> bool:
@@ -733,12 +536,12 @@ class ResearchLoop:
     def _consolidation_point(self) -> float:
         return self.limits.consolidation_point(self.state.context_cap)
 
-    async def _consolidate(self, outcome: _Consolidation) -> _Events:
-        """Replace the conversation by the question and its summary, if one comes.
+    async def _consolidate(self) -> _Step:
+        """Replace the conversation by the question and its summary; go on.
 
-        ReSum's request and restart (`core.consolidation`). ``outcome.done``
-        says whether it did; otherwise the conversation is untouched and
-        `ConsolidationFailed` says why.
+        ReSum's request and restart (`core.consolidation`). Without a usable
+        summary the conversation is untouched, `ConsolidationFailed` says why
+        and the wrap-up follows.
         """
         state = self.state
         number = state.counters.consolidations + 1
@@ -748,132 +551,146 @@ class ResearchLoop:
             number, self.limits.max_consolidations, before, int(point)
         )
         request, reply_tokens = summary_request(
-            self.state.question,
-            summarised_history(state.messages, self.state.opening),
-            self.state.last_summary,
+            state.question,
+            summarised_history(state.messages, state.opening),
+            state.last_summary,
             self._hard_limit(),
         )
         if reply_tokens < SUMMARY_MIN_TOKENS:
-            yield ConsolidationFailed(
-                number, "the conversation is too long to summarise in the context"
+            too_long = "the conversation is too long to summarise in the context"
+            yield _Next(self._not_consolidated(number, too_long))
+            return
+        yield _Next(
+            self._summary_call(
+                request,
+                reply_tokens,
+                lambda reply: self._after_summary(reply, number, before, point),
             )
-            return
-        call = _SummaryCall()
-        try:
-            summary = self._summary_call(request, reply_tokens, call)
-            async with aclosing(summary) as events:
-                async for event in events:
-                    yield event
-        except ModelError as error:
-            yield ConsolidationFailed(number, error.message)
-            return
-        except _OutOfTimeError:
+        )
+
+    def _after_summary(
+        self, reply: _SummaryReply, number: int, before: int, point: float
+    ) -> _Step:
+        """Restart from the summary if it is usable and leaves room to go on."""
+        if isinstance(reply.failure, _OutOfTimeError):
             self._out_of_time_seen = True
-            yield ConsolidationFailed(number, "the time limit was reached")
-            return
-        written = state_from_reply(call.content) or state_from_reply(
-            call.reasoning, tagged_only=True
+            return self._not_consolidated(number, "the time limit was reached")
+        if reply.failure is not None:
+            return self._not_consolidated(number, reply.failure.message)
+        written = state_from_reply(reply.content) or state_from_reply(
+            reply.reasoning, tagged_only=True
         )
         if not written:
-            yield ConsolidationFailed(
-                number, "the summary model wrote no usable summary"
-            )
-            return
+            unusable = "the summary model wrote no usable summary"
+            return self._not_consolidated(number, unusable)
         restarted = restarted_conversation(self._system, self.state.question, written)
         after = messages_tokens(restarted)
         if after > MAX_RESTART_SHARE * point:
-            yield ConsolidationFailed(
-                number,
-                f"the summary it wrote ({after:,} tokens) leaves no room to go on",
-            )
-            return
-        self._restart(restarted, tagged_summary(defused_summary(written)))
-        outcome.done = True
-        yield Consolidated(
-            number,
-            defused_summary(written).strip(),
-            before,
-            after,
-            call.prompt_tokens,
-            call.completion_tokens,
-        )
+            no_room = f"the summary it wrote ({after:,} tokens) leaves no room to go on"
+            return self._not_consolidated(number, no_room)
+        self.state.restart(restarted, tagged_summary(defused_summary(written)))
+        summary = defused_summary(written).strip()
+        tokens = (before, after, reply.prompt_tokens, reply.completion_tokens)
+        return _just(Consolidated(number, summary, *tokens), then=self._round())
 
-    def _restart(self, restarted: list[dict[str, Any]], summary: str) -> None:
-        """Go on from ``restarted``; its last message opens the conversation now.
-
-        The restart message joins the trajectory after the conversation it
-        replaces, as in ReSum's ``full_trajectory``; ``summary`` is the next
-        summary request's last summary.
-        """
-        state = self.state
-        state.messages[:] = restarted
-        state.trajectory.append(restarted[-1])
-        state.measured_tokens, state.measured_upto = None, 0
-        state.counters.consolidations += 1
-        self.state.opening = len(restarted) - 1
-        self.state.last_summary = summary
+    async def _not_consolidated(self, number: int, reason: str) -> _Step:
+        """Say why the consolidation did not happen; the wrap-up follows."""
+        yield ConsolidationFailed(number, reason)
+        yield _Next(self._wrap_up(self._exhausted_budget() or "context_limit"))
 
     async def _summary_call(
-        self, request: list[dict[str, Any]], max_tokens: int, call: _SummaryCall
-    ) -> _Events:
-        """Stream the summary model's reply into ``call``, within the deadline."""
-        counters = self.state.counters
-        deadline = self._deadline()
-        stream = aiter(self.summarizer.stream(request, max_tokens=max_tokens))
-        try:
-            while True:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        chunk = await anext(stream)
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
-                    raise _OutOfTimeError from None
-                if isinstance(chunk, ModelDelta):
-                    call.content_parts.append(chunk.content)
-                    call.reasoning_parts.append(chunk.reasoning)
-                elif isinstance(chunk, ModelRetry):
-                    call.content_parts.clear()
-                    call.reasoning_parts.clear()
-                    yield ModelRetrying(
-                        chunk.attempt, chunk.max_attempts, chunk.reason, chunk.delay
-                    )
-                elif isinstance(chunk, ModelUsage):
-                    call.prompt_tokens += chunk.prompt_tokens
-                    call.completion_tokens += chunk.completion_tokens
-                    counters.consolidation_prompt_tokens += chunk.prompt_tokens
-                    counters.consolidation_completion_tokens += chunk.completion_tokens
-                    yield self._count_summary_usage(chunk)
-        finally:
-            close = getattr(stream, "aclose", None)
-            if close is not None:
-                await close()
-        if not call.prompt_tokens:
-            written = estimate_text_tokens(call.content + call.reasoning)
-            self.state.note_peak(messages_tokens(request) + written)
+        self,
+        request: list[dict[str, Any]],
+        max_tokens: int,
+        then: Callable[[_SummaryReply], _Step],
+    ) -> _Step:
+        """Stream the summary model's reply within the deadline; hand over.
 
-    def _count_summary_usage(self, usage: ModelUsage) -> UsageUpdated:
-        """Add a summary call's usage to the run's totals."""
-        state, counters = self.state, self.state.counters
-        counters.prompt_tokens += usage.prompt_tokens
-        counters.completion_tokens += usage.completion_tokens
-        if usage.cost is not None:
-            counters.cost = (counters.cost or 0.0) + usage.cost
-        state.note_peak(usage.prompt_tokens + usage.completion_tokens)
-        return UsageUpdated(
-            usage.prompt_tokens,
-            usage.completion_tokens,
-            counters.prompt_tokens,
-            counters.completion_tokens,
-            counters.cost,
-            state.context_tokens(),
+        ``then`` gets the reply (or what cut it short) and gives the next step.
+        """
+        content: list[str] = []
+        reasoning: list[str] = []
+        prompt_tokens = completion_tokens = 0
+        failure: ModelError | _OutOfTimeError | None = None
+        deadline = self._deadline()
+        stream: AsyncIterator[ModelChunk] | None = None
+        try:
+            stream = aiter(self.summarizer.stream(request, max_tokens=max_tokens))
+            while (chunk := await _next_chunk(stream, deadline)) is not None:
+                if isinstance(chunk, ModelDelta):
+                    content.append(chunk.content)
+                    reasoning.append(chunk.reasoning)
+                elif isinstance(chunk, ModelRetry):
+                    content.clear()
+                    reasoning.clear()
+                    yield _retrying(chunk)
+                elif isinstance(chunk, ModelUsage):
+                    prompt_tokens += chunk.prompt_tokens
+                    completion_tokens += chunk.completion_tokens
+                    yield self.state.count_summary_usage(chunk)
+        except (ModelError, _OutOfTimeError) as error:
+            failure = error
+        finally:
+            await _close(stream)
+        reply = _SummaryReply(
+            "".join(content),
+            "".join(reasoning),
+            prompt_tokens,
+            completion_tokens,
+            failure,
         )
+        if failure is None and not prompt_tokens:
+            written = estimate_text_tokens(reply.content + reply.reasoning)
+            self.state.note_peak(messages_tokens(request) + written)
+        yield _Next(then(reply))
 
     # -- tools --
-    async def _run_calls(self, raw_calls: tuple[str, ...]) -> _Events:
+    async def _run_calls(self, raw_calls: tuple[str, ...]) -> _Step:
+        """Run the turn's calls together; each result is yielded as it finishes.
+
+        The calls still running at the deadline stop (`TIME_LIMIT_TOOL`), and
+        so do all when the run is closed or cancelled. The results go back to
+        the model as one message, in the calls' order.
+        """
+        planned = await self._planned_calls(raw_calls)
+        for index, call in enumerate(planned):
+            yield ToolCallStarted(index, call.name, dict(call.arguments))
+        started, deadline = self.clock(), self._deadline()
+        tasks = {
+            asyncio.ensure_future(self._timed(call)): (index, call)
+            for index, call in enumerate(planned)
+        }
+        finished: list[ToolCallFinished] = []
+        running = set(tasks)
+        try:
+            while running:
+                done, running = await asyncio.wait(
+                    running,
+                    timeout=_seconds_left(deadline),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not done:  # the deadline passed
+                    break
+                for event in self._finished_calls(done, tasks, started):
+                    finished.append(event)
+                    yield event
+        finally:
+            # Also when the run is closed or cancelled: nothing is left running.
+            await _stop(tasks)
+        self._out_of_time_seen |= bool(running)
+        for event in self._finished_calls(running, tasks, started):
+            finished.append(event)
+            yield event
+        finished.sort(key=lambda event: event.index)
+        self.state.add(
+            {"role": "user", "content": wrap_responses(e.result for e in finished)}
+        )
+
+    async def _planned_calls(self, raw_calls: tuple[str, ...]) -> list[_Call]:
+        """The turn's calls parsed and checked; those past the limit, errors."""
         available = self.tools.available()
         limit = self.limits.max_calls_per_turn
-        planned: list[ToolCall | CallError] = []
+        planned: list[_Call] = []
         for index, raw in enumerate(raw_calls):
             if index >= limit:
                 planned.append(CallError(TOO_MANY_CALLS.format(limit=limit)))
@@ -884,68 +701,45 @@ class ResearchLoop:
                 if isinstance(parsed, ToolCall)
                 else parsed
             )
-        for index, call in enumerate(planned):
-            yield ToolCallStarted(index, call.name, dict(call.arguments))
-        timed = await self._run_until_deadline(planned)
-        for index, (call, (outcome, seconds)) in enumerate(
-            zip(planned, timed, strict=True)
-        ):
-            self._tally(call, outcome)
-            self.state.pages.extend((page.url, page.title) for page in outcome.pages)
-            yield ToolCallFinished(
-                index,
-                call.name,
-                dict(call.arguments),
-                outcome.text,
-                outcome.ok,
-                seconds,
-                outcome.pages,
-            )
-        self.state.add(
-            {"role": "user", "content": wrap_responses(o.text for o, _ in timed)}
-        )
+        return planned
 
-    async def _run_until_deadline(
-        self, planned: list[ToolCall | CallError]
-    ) -> list[tuple[ToolOutcome, float]]:
-        """Run the calls concurrently; any still running at the deadline stop.
+    def _finished_calls(
+        self, ended: Iterable[_CallTask], tasks: _CallTasks, started: float
+    ) -> list[ToolCallFinished]:
+        """The calls of ``ended`` tasks, in call order, each counted once.
 
-        Each outcome comes with its own call's duration (the calls of one turn
-        run together, but a quick search is not as slow as the page read beside
-        it).
+        Each comes with its own call's duration (the calls of one turn run
+        together, but a quick search is not as slow as the page read beside
+        it); a stopped call answers `TIME_LIMIT_TOOL` after the time it ran.
         """
-        started = self.clock()
-        tasks = [asyncio.ensure_future(self._timed(call)) for call in planned]
-        if not tasks:
-            return []
-        deadline = self._deadline()
-        timeout = (
-            None
-            if deadline is None
-            else max(deadline - asyncio.get_running_loop().time(), 0.0)
-        )
-        try:
-            _, running = await asyncio.wait(tasks, timeout=timeout)
-            self._out_of_time_seen |= bool(running)
-        finally:
-            # Also on cancellation of the run itself: nothing is left running.
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        stopped = self.clock() - started
-        return [
-            task.result()
-            if not task.cancelled()
-            else (ToolOutcome(TIME_LIMIT_TOOL, ok=False), stopped)
-            for task in tasks
-        ]
+        events: list[ToolCallFinished] = []
+        for task in sorted(ended, key=lambda task: tasks[task][0]):
+            index, call = tasks[task]
+            outcome, seconds = (
+                (ToolOutcome(TIME_LIMIT_TOOL, ok=False), self.clock() - started)
+                if task.cancelled()
+                else task.result()
+            )
+            self.state.count_call(call, outcome)
+            events.append(
+                ToolCallFinished(
+                    index,
+                    call.name,
+                    dict(call.arguments),
+                    outcome.text,
+                    outcome.ok,
+                    seconds,
+                    outcome.pages,
+                )
+            )
+        return events
 
-    async def _timed(self, call: ToolCall | CallError) -> tuple[ToolOutcome, float]:
+    async def _timed(self, call: _Call) -> tuple[ToolOutcome, float]:
         started = self.clock()
         outcome = await self._run_one(call)
         return outcome, self.clock() - started
 
-    async def _run_one(self, call: ToolCall | CallError) -> ToolOutcome:
+    async def _run_one(self, call: _Call) -> ToolOutcome:
         if isinstance(call, CallError):
             return ToolOutcome(call.message, ok=False)
         try:
@@ -959,18 +753,8 @@ class ResearchLoop:
                 ok=False,
             )
 
-    def _tally(self, call: ToolCall | CallError, outcome: ToolOutcome) -> None:
-        """Count the call, and what its tool said it adds to the tallies."""
-        counters = self.state.counters
-        if isinstance(call, CallError):
-            return
-        counters.tool_calls += 1
-        for name, count in outcome.counts:
-            if name in TALLIES:
-                setattr(counters, name, getattr(counters, name) + count)
-
     # -- budgets --
-    # The budgets, within what the server showed it holds (`_context_cap`).
+    # The budgets, within what the server showed it holds (`context_cap`).
     def _hard_limit(self) -> int:
         return self.limits.hard_limit(self.state.context_cap)
 
@@ -1012,48 +796,62 @@ class ResearchLoop:
             return tokens >= self._consolidation_point()
         return tokens > self._context_limit()
 
-    async def _wrap_up(self, reason: Termination) -> _Events:
-        state = self.state
+    async def _wrap_up(self, reason: Termination) -> _Step:
+        """Ask for the final answer: one last call (and its retries)."""
         # The wrap-up is a model call like any round: the summary counts it.
-        state.round += 1
+        self.state.round += 1
         yield WrappingUp(reason)
         self._ask_for_the_answer()
-        result = _TurnResult(TurnParser().finish())
-        cut_short = False
-        grace = self._grace_deadline()
-        for attempt in range(OVERFLOW_RETRIES + 1):
-            self._make_room_for_answer()
-            result = _TurnResult(TurnParser().finish())
-            try:
-                async with aclosing(self._model_turn(result, grace, grace)) as events:
-                    async for event in events:
-                        yield event
-            except ContextOverflowError as error:
-                if attempt == OVERFLOW_RETRIES:
-                    yield self._finished("error", error=error.message)
-                    return
-                yield self._overflowed(error)
-                continue
-            except ModelError as error:
-                yield self._finished("error", error=error.message)
-                return
-            except _OutOfTimeError:
-                # Even the grace ran out: end with whatever answer was written.
-                reason = "time_limit"
-                cut_short = True
-            break
-        turn = result.turn
-        state.add({"role": "assistant", "content": turn.history_text})
+        yield _Next(self._answer_turn(reason, self._grace_deadline(), attempt=0))
+
+    async def _answer_turn(
+        self, reason: Termination, grace: float | None, attempt: int
+    ) -> _Step:
+        """The wrap-up's call, once the answer has room."""
+        self._make_room_for_answer()
+        yield _Next(
+            self._model_turn(
+                grace,
+                grace,
+                lambda outcome: self._after_answer_turn(
+                    outcome, reason, grace, attempt
+                ),
+            )
+        )
+
+    def _after_answer_turn(
+        self,
+        outcome: _TurnOutcome,
+        reason: Termination,
+        grace: float | None,
+        attempt: int,
+    ) -> _Step:
+        """After the wrap-up's call: the end, or a retry with less after a refusal."""
+        failure = outcome.failure
+        if isinstance(failure, ContextOverflowError) and attempt < OVERFLOW_RETRIES:
+            retry = self._answer_turn(reason, grace, attempt + 1)
+            return _just(self._overflowed(failure), then=retry)
+        if isinstance(failure, ModelError):
+            return _just(self._finished("error", error=failure.message))
+        # Even the grace ran out: end with whatever answer was written.
+        cut_short = isinstance(failure, _OutOfTimeError)
+        ending: Termination = "time_limit" if cut_short else reason
+        return _just(self._answer_given(outcome.turn, ending, cut_short=cut_short))
+
+    def _answer_given(
+        self, turn: Turn, reason: Termination, *, cut_short: bool
+    ) -> RunFinished:
+        """The run's end with the wrap-up's answer, its text, or none."""
+        self.state.add({"role": "assistant", "content": turn.history_text})
         if turn.answer is not None:
-            yield self._finished(
+            return self._finished(
                 reason, answer=turn.answer.strip(), answer_marked=turn.answer_closed
             )
-        elif turn.stray_text:
-            yield self._finished(reason, answer=turn.stray_text, answer_marked=False)
-        elif cut_short:
-            yield self._finished("time_limit")
-        else:
-            yield self._finished("no_answer", budget=reason)
+        if turn.stray_text:
+            return self._finished(reason, answer=turn.stray_text, answer_marked=False)
+        if cut_short:
+            return self._finished("time_limit")
+        return self._finished("no_answer", budget=reason)
 
     def _ask_for_the_answer(self) -> None:
         """Put the wrap-up message in: its own message, or the reference's place.
@@ -1063,50 +861,15 @@ class ResearchLoop:
         model asked for last is still read (`_make_room_for_answer` drops it
         first when it cannot fit). The question is never overwritten.
         """
-        if not (self.limits.reference_run and self._overwrite_last(WRAP_UP_MESSAGE)):
+        if not (
+            self.limits.reference_run and self.state.overwrite_last(WRAP_UP_MESSAGE)
+        ):
             self.state.add({"role": "user", "content": WRAP_UP_MESSAGE})
 
-    def _overwrite_last(self, text: str) -> bool:
-        """Write ``text`` over the last message, as the reference agent does.
-
-        The message keeps its role; the trajectory, which holds the same
-        message, shows the overwrite as the lab's record does. The question
-        is never overwritten (the lab's agent never gets there without a
-        round after it): False, and nothing changes.
-        """
-        state = self.state
-        if len(state.messages) - 1 <= self.state.opening:
-            return False
-        state.messages[-1]["content"] = text
-        if len(state.messages) <= state.measured_upto:
-            state.measured_tokens = None
-        return True
-
     def _make_room_for_answer(self) -> None:
-        """Drop tool results until the wrap-up and its reply fit.
-
-        The last result goes first (the reference agent overwrote it with the
-        wrap-up message); then the oldest, so the freshest evidence stays.
-        """
-        state = self.state
+        """Drop tool results until the wrap-up and its reply fit."""
         fits = self._hard_limit() - self._reply_room()
-        if state.context_tokens() <= fits:
-            return
-        dropped = wrap_response(DROPPED_RESULT)
-        results = [
-            index
-            for index, message in enumerate(state.messages[:-1])
-            if message.get("role") == "user"
-            and isinstance(message.get("content"), str)
-            and message["content"].startswith("<tool_response>")
-            and message["content"] != dropped
-        ]
-        for index in [*results[-1:], *results[:-1]]:
-            # A new message, not an edit: the trajectory keeps what was read.
-            state.messages[index] = {**state.messages[index], "content": dropped}
-            state.measured_tokens = None
-            if state.context_tokens() <= fits:
-                return
+        self.state.drop_tool_results(fits, wrap_response(DROPPED_RESULT))
 
     def _finished(
         self,
@@ -1176,8 +939,51 @@ _LAB_ENDED_WITHOUT_ANSWER: dict[str, str] = {
 }
 
 
-async def _just(event: Event) -> _Events:
+async def _just(event: Event, then: _Step | None = None) -> _Step:
+    """A step of one event, handing over to ``then`` if given."""
     yield event
+    if then is not None:
+        yield _Next(then)
+
+
+def _retrying(retry: ModelRetry) -> ModelRetrying:
+    """The port retries the call: said to the user."""
+    return ModelRetrying(retry.attempt, retry.max_attempts, retry.reason, retry.delay)
+
+
+async def _next_chunk(
+    stream: AsyncIterator[ModelChunk], deadline: float | None
+) -> ModelChunk | None:
+    """The stream's next chunk (None at its end), or `_OutOfTimeError` past it."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await anext(stream)
+    except StopAsyncIteration:
+        return None
+    except TimeoutError:
+        raise _OutOfTimeError from None
+
+
+async def _close(stream: AsyncIterator[ModelChunk] | None) -> None:
+    """Close a model stream, and with it its request, if it was opened."""
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()
+
+
+def _seconds_left(deadline: float | None) -> float | None:
+    """Seconds until ``deadline`` (event-loop time), at least 0; None: no limit."""
+    if deadline is None:
+        return None
+    return max(deadline - asyncio.get_running_loop().time(), 0.0)
+
+
+async def _stop(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel the tasks still running and wait until every one has ended."""
+    stopping = list(tasks)
+    for task in stopping:
+        task.cancel()
+    await asyncio.gather(*stopping, return_exceptions=True)
 
 
 async def _parse_off_loop(raw: str) -> ToolCall | CallError:
