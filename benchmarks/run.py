@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from . import (
     checkpoints,
+    citation_check,
     concurrency,
     context,
     fanout,
@@ -61,6 +62,10 @@ BENCHMARKS: dict[str, tuple[str, Benchmark]] = {
     "checkpoints": (
         "14. Checkpointing a research: cost per round and size",
         checkpoints.run,
+    ),
+    "citation-check": (
+        "15. Citation check: verdicts on labelled cases from real pages",
+        citation_check.run,
     ),
 }
 #: Upper bound per benchmark, so a hang ends the run instead of CI's job.

@@ -127,7 +127,7 @@ def test_quick_run_prints_every_figure_with_its_baseline(quick_run):
 def test_quick_run_reports_the_machine_and_each_benchmark(quick_run):
     out = quick_run.stdout
     assert re.search(r"\d+ cores, load average [\d.]+", out)
-    assert out.count("\n## ") == 14
+    assert out.count("\n## ") == 15
     assert "reference wrap-up: rounds before the forced answer" in out
     assert "Why the overhead is structural" in out
     assert "max loop lag" in out and "idle loop" in out
