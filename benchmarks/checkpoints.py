@@ -11,26 +11,58 @@ article pages' bodies for the evidence), else synthetic of the same sizes.
 The conversation grows as a real one does: past 0.9 × 110K tokens it is
 consolidated (ReSum, the pipe's default) and goes on.
 
-Each length runs with (a) no checkpointer, (b) `DirectoryStore` (the
-runner's: one file written, fsynced and renamed per save) and (c)
-`DatabaseStore` on a SQLite file (Open WebUI's default database), the three
-alternating, after one warm-up run each. Per round it prints the save's time
-(encoding + the store's write) and bytes next to the round's own wall time on
-the fake, the run's time with the store against without it (the same cost,
-seen end to end), and the checkpoint's size after the last research round.
-A real model round takes 10-60 s (the model writes 1-2 kB and waits for the
-tools), so each save is also put against 10 s, the short end.
+Each length runs with no checkpointer, with `DirectoryStore` (the runner's:
+one file written, fsynced and renamed per save) and with `DatabaseStore` on a
+SQLite file (Open WebUI's default database), the three alternating, after one
+warm-up run each. Side by side, per save:
+
+- **(a) the event loop blocked**: the loop thread's CPU time during the save
+  (``time.thread_time``; nothing else runs on the loop here), the time every
+  other chat of the server waits; beside it, a bare thread hand-off's;
+- **(b) the round waits**: the save's wall time, from the engine's call to
+  its return (the guarantee: the state before round n is durable before
+  round n's request is sent), and the store's write within it;
+- **(c) the round's own time** on the fake (a run without a checkpointer,
+  per round), and (a) and (b) against it; and the run's time with the store
+  against without it (the same cost, seen end to end), the bytes written,
+  and the checkpoint's size after the last research round.
+
+A heavy run of 3 rollouts × 30 rounds (ParallelMuse, the rollouts from the
+question: the fake returns no log-probabilities) gives the size of its
+checkpoint after every rollout's last round: 1.1 MB. A real model round takes
+10-60 s (the model writes 1-2 kB and waits for the tools), so each save is
+also put against 10 s, the short end.
 
 Goal (the issue's): a save under 1% of a round's wall time on this fake,
 which is the hard comparison: the fake's round costs only the engine's own
-work. Checks (fail a quick run too): every run ends with the answer after its
+work (6-8 ms here). Measured on 2 cores (full run, ``python -m
+benchmarks.run --only checkpoints``), before and after the record was taken
+as pieces and written in one worker thread:
+
+- (a) the event loop: 0.7 ms a save at 10 rounds and 3.7 ms at 100 before
+  (the whole state encoded on the loop), about 0.5 ms at any length now, 7-9%
+  of a fake round. Not 1%: a durable write blocks on a disk or a database,
+  so it must leave the loop, and a bare hand-off to a thread and back costs
+  the loop 0.07 ms idle (1% of a fake round on its own), more between the
+  wake-ups of a real save; the rest is taking the record, which no longer
+  grows with the run.
+- (b) the round's wait: 3-5 ms at 10 rounds and 4-10 ms at 100 (4.6-12 ms
+  before), 50-160% of a fake round, under 0.1% of a real one. Most of it is
+  the store making the save durable, whatever its size: the file's and its
+  directory's fsync (2-3 ms), SQLite's journal and commit (4-9 ms). It
+  cannot be 1% with the guarantee kept: saving after the request is sent
+  would let a SIGKILL repeat a finished round, so it is not done.
+
+Checks (fail a quick run too): every run ends with the answer after its
 rounds, every round's state was saved and its last checkpoint reads back with
 its rounds and sources, no save failed, and the finished run's checkpoint was
-removed. ``--quick`` runs 10 and 30 rounds once per store (after the warm-up).
+removed; the heavy run answers and its checkpoint is within `MAX_BYTES`.
+``--quick`` runs 10 and 30 rounds once per store (after the warm-up).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import itertools
@@ -39,8 +71,8 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +86,7 @@ from tongyi_deepresearch_openwebui_pipeline.adapters.checkpoint_store import (
 )
 from tongyi_deepresearch_openwebui_pipeline.core.checkpoint import (
     MAX_BYTES,
+    BlockingSave,
     CheckpointError,
     CheckpointStore,
     decode,
@@ -68,6 +101,9 @@ from tongyi_deepresearch_openwebui_pipeline.core.events import (
     ToolOutcome,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.loop import Limits, RunState
+from tongyi_deepresearch_openwebui_pipeline.core.parallelmuse import (
+    CONVERGE_SYSTEM_PROMPT,
+)
 from tongyi_deepresearch_openwebui_pipeline.core.prompts import (
     WRAP_UP_MESSAGE,
     build_system_prompt,
@@ -78,7 +114,11 @@ from tongyi_deepresearch_openwebui_pipeline.engine.checkpoints import (
     Checkpointer,
     RunKey,
 )
-from tongyi_deepresearch_openwebui_pipeline.engine.runs import RunPlan, research
+from tongyi_deepresearch_openwebui_pipeline.engine.runs import (
+    HeavySettings,
+    RunPlan,
+    research,
+)
 
 from .report import Row, median, ms
 
@@ -106,6 +146,8 @@ DELTA_CHARS = 7
 THOUGHT_CHARS = (1000, 2000)
 EVIDENCE_CHARS = (3000, 8000)
 STORES = ("none", "directory", "database")
+#: The heavy run whose checkpoint is sized: its rollouts (of 30 rounds each).
+HEAVY_ROLLOUTS = 3
 
 
 # -- the texts of a round -----------------------------------------------------
@@ -226,8 +268,7 @@ class ScriptedModel:
         """The whole reply to ``messages``, as the model writes it."""
         if is_summary_request(messages):
             return "<summary>\n" + self.texts.thoughts[0] + "\n</summary>"
-        self.turns += 1
-        turn = self.turns
+        turn = self.turn(messages)
         thought = self.texts.thoughts[turn % len(self.texts.thoughts)]
         if turn > self.rounds or messages[-1].get("content") == WRAP_UP_MESSAGE:
             cited = f"The articles agree, as [page 1]({page_url(1)}) shows."
@@ -235,9 +276,19 @@ class ScriptedModel:
         if turn % 2:
             call = tool_call("search", {"query": [f"agreement of results {turn}"]})
         else:
-            arguments = {"url": [page_url(turn // 2)], "goal": f"results {turn}"}
+            page = self.page(turn, messages)
+            arguments = {"url": [page_url(page)], "goal": f"results {turn}"}
             call = tool_call("visit", arguments)
         return f"<think>\n{thought}\n</think>\n\n{call}"
+
+    def turn(self, messages: list[dict[str, Any]]) -> int:
+        """The turn ``messages`` asks for (the model's turns so far, plus one)."""
+        self.turns += 1
+        return self.turns
+
+    def page(self, turn: int, messages: list[dict[str, Any]]) -> int:
+        """The page the visit of ``turn`` reads (each once)."""
+        return turn // 2
 
     async def stream(
         self, messages: list[dict[str, Any]], max_tokens: int | None = None
@@ -283,21 +334,65 @@ class ScriptedTools:
         return ToolOutcome(text, pages=(page,), counts=(("pages_requested", 1),))
 
 
+_ROLLOUT = re.compile(r"\[rollout (\d)\]")
+
+
+class RolloutsModel(ScriptedModel):
+    """`ModelPort` of a heavy run: each rollout's turns counted in its conversation.
+
+    A rollout's search results say which rollout it is (`RolloutTools`), and
+    its visits read pages of its own. A report call gets a report, the
+    integrate call the answer.
+    """
+
+    def reply(self, messages: list[dict[str, Any]]) -> str:
+        """A report, the answer, or the rollout's turn."""
+        if messages[0]["content"] == CONVERGE_SYSTEM_PROMPT:
+            if str(messages[-1]["content"]).startswith("Given the following"):
+                return "<report>\nThe articles agree on their results.\n</report>"
+            return answer("The articles agree.")
+        return super().reply(messages)
+
+    def turn(self, messages: list[dict[str, Any]]) -> int:
+        """Its rollout's turns so far, plus one (no rollout consolidates)."""
+        return 1 + sum(1 for m in messages if m["role"] == "assistant")
+
+    def page(self, turn: int, messages: list[dict[str, Any]]) -> int:
+        """Page ``turn // 2`` of the rollout's own thousand."""
+        found = _ROLLOUT.findall(" ".join(str(m["content"]) for m in messages[-3:]))
+        return int(found[-1]) * 1000 + turn // 2 if found else turn // 2
+
+
+class RolloutTools(ScriptedTools):
+    """`ScriptedTools` of rollout ``rollout``: its searches say which it is."""
+
+    def __init__(self, texts: Texts, rollout: int) -> None:
+        """Answer as rollout ``rollout``'s tools."""
+        super().__init__(texts)
+        self.rollout = rollout
+
+    async def run(self, call: ToolCall) -> ToolOutcome:
+        """As `ScriptedTools`, the search results marked with the rollout."""
+        outcome = await super().run(call)
+        if call.name != "search":
+            return outcome
+        return replace(outcome, text=f"{outcome.text}\n[rollout {self.rollout}]")
+
+
 # -- measuring the saves ------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Save:
-    """One checkpoint: its size, the whole save's time and the store's part."""
+    """One checkpoint: its size, the round's wait, the loop's share, the store's."""
 
     size: int
+    #: The save's wall time: what the round waits for it.
     seconds: float
+    #: The store's write (in its thread), within ``seconds``.
     store_seconds: float
-
-    @property
-    def encode_seconds(self) -> float:
-        """The save's time outside the store: taking and encoding the state."""
-        return self.seconds - self.store_seconds
+    #: The event loop's CPU time during the save: what it blocks other chats.
+    blocked_seconds: float = 0.0
 
 
 class MeasuredStore:
@@ -321,6 +416,19 @@ class MeasuredStore:
         self.writes.append((len(data), time.perf_counter() - started))
         self.last = data
 
+    def save_blocking(self, owner: str, chat: str, data: bytes) -> None:
+        """Write through in the calling (worker) thread, timed, as the engine does.
+
+        The engine encodes a record and saves it in one worker thread when
+        the store can (`core.checkpoint.BlockingSave`), as both stores can.
+        """
+        if not isinstance(self.store, BlockingSave):
+            raise TypeError(f"{type(self.store).__name__} saves only on the loop")
+        started = time.perf_counter()
+        self.store.save_blocking(owner, chat, data)
+        self.writes.append((len(data), time.perf_counter() - started))
+        self.last = data
+
     async def remove(self, owner: str, chat: str) -> None:
         """As the wrapped store."""
         await self.store.remove(owner, chat)
@@ -331,19 +439,21 @@ class MeasuredStore:
 
 
 class TimedCheckpointer(Checkpointer):
-    """The run engine's `Checkpointer`, each whole save timed."""
+    """The run engine's `Checkpointer`, each whole save timed on and off the loop."""
 
     def __init__(self, store: MeasuredStore, key: RunKey) -> None:
         """Save under ``key`` in ``store``."""
         super().__init__(store, key)
         self.measured = store
         self.seconds: list[float] = []
+        self.blocked: list[float] = []
 
     async def save(self, state: RunState, ledger: SourceLedger) -> None:
-        """Save as the engine does (encode, then the store's write), timed."""
-        started = time.perf_counter()
+        """Save as the engine does, timed: wall time, and the loop thread's CPU."""
+        cpu, started = time.thread_time(), time.perf_counter()
         await super().save(state, ledger)
         self.seconds.append(time.perf_counter() - started)
+        self.blocked.append(time.thread_time() - cpu)
 
     def saves(self) -> list[Save]:
         """Every save, with the store's share (a failed one has no write)."""
@@ -351,8 +461,10 @@ class TimedCheckpointer(Checkpointer):
         if len(writes) != len(self.seconds):
             raise RuntimeError(f"{len(self.seconds) - len(writes)} saves failed")
         return [
-            Save(size, seconds, store_seconds)
-            for seconds, (size, store_seconds) in zip(self.seconds, writes, strict=True)
+            Save(size, seconds, store_seconds, blocked)
+            for seconds, blocked, (size, store_seconds) in zip(
+                self.seconds, self.blocked, writes, strict=True
+            )
         ]
 
 
@@ -378,13 +490,8 @@ class Outcome:
         """The run's rounds as it counted them (the answer's included)."""
         return self.finished.stats.rounds
 
-    @property
-    def save_seconds(self) -> float:
-        """Every save's time together."""
-        return sum(save.seconds for save in self.saves)
 
-
-def _plan(rounds: int) -> RunPlan:
+def _plan(rounds: int, heavy: HeavySettings | None = None) -> RunPlan:
     messages = [
         {"role": "system", "content": build_system_prompt(["search", "visit"], TODAY)},
         {"role": "user", "content": QUESTION},
@@ -394,7 +501,7 @@ def _plan(rounds: int) -> RunPlan:
         model_context_tokens=SERVED_CONTEXT,
         at_limit="consolidate",
     )
-    return RunPlan(messages=messages, limits=limits, today=TODAY)
+    return RunPlan(messages=messages, limits=limits, today=TODAY, heavy=heavy)
 
 
 async def _events(
@@ -408,6 +515,11 @@ async def _events(
         SourceLedger(),
         checkpointer=checkpointer,
     )
+    return await _last(run)
+
+
+async def _last(run: AsyncGenerator[RunEvent, None]) -> tuple[RunEvent, float]:
+    """The run's last event and its wall time."""
     last: RunEvent | None = None
     started = time.perf_counter()
     async with contextlib.aclosing(run) as events:
@@ -441,6 +553,63 @@ async def one_run(
     return outcome
 
 
+@dataclass(frozen=True)
+class HeavySize:
+    """A heavy run's checkpoint: its largest write, and what went wrong."""
+
+    rollouts: int
+    rounds: int
+    largest: int
+    writes: int
+    checks: tuple[str, ...]
+
+
+async def heavy_size(texts: Texts, store: CheckpointStore, rounds: int) -> HeavySize:
+    """A heavy run of 3 rollouts × ``rounds`` rounds, saving to ``store``."""
+    measured = MeasuredStore(store)
+    keeper = Checkpointer(measured, RunKey(OWNER, "heavy", QUESTION, mode="heavy"))
+    run = research(
+        _plan(rounds, HeavySettings(rollouts=HEAVY_ROLLOUTS)),
+        RolloutsModel(texts, rounds),
+        lambda rollout: RolloutTools(texts, rollout),
+        SourceLedger(),
+        checkpointer=keeper,
+    )
+    last, _ = await _last(run)
+    checks = []
+    if not isinstance(last, RunFinished) or last.answer != "The articles agree.":
+        checks.append(f"the heavy run ended {last!r:.80}")
+    elif [r.stats.rounds for r in last.rollouts] != [rounds + 1] * HEAVY_ROLLOUTS:
+        checks.append(f"rollouts of {[r.stats.rounds for r in last.rollouts]} rounds")
+    if keeper.notes:
+        checks.append(f"checkpointing failed: {keeper.notes}")
+    if await store.load(OWNER, "heavy") is not None:
+        checks.append("the finished heavy run's checkpoint was left in the store")
+    largest = max((size for size, _ in measured.writes), default=0)
+    if not 0 < largest <= MAX_BYTES:
+        checks.append(f"its largest checkpoint is {largest:,} bytes")
+    return HeavySize(
+        HEAVY_ROLLOUTS, rounds, largest, len(measured.writes), tuple(checks)
+    )
+
+
+async def handoff_seconds(times: int = 300) -> float:
+    """The event loop's CPU time in one bare thread hand-off (the floor of (a)).
+
+    A save that is durable blocks on a disk or a database, so it runs in a
+    worker thread: submitting it, and being woken when it ends, is loop work
+    no save can do without.
+    """
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, int)
+    spent = []
+    for _ in range(times):
+        cpu = time.thread_time()
+        await loop.run_in_executor(None, int)
+        spent.append(time.thread_time() - cpu)
+    return median(spent)
+
+
 # -- the figures --------------------------------------------------------------
 
 
@@ -451,38 +620,33 @@ class Figures:
     store: str
     rounds: int
     model_rounds: int
-    round_seconds: float  # a round's wall time without checkpoints
-    save_seconds: float  # checkpointing's time per round
-    encode_seconds: float
-    write_seconds: float
+    round_seconds: float  # (c) a round's wall time without checkpoints
+    wait_seconds: float  # (b) the round's wait for one save (mean)
+    blocked_seconds: float  # (a) the event loop's time in one save (mean)
+    write_seconds: float  # the store's write, within the wait (mean)
     end_to_end: float  # (run with the store - run without) per round
     mean_bytes: float
     last_bytes: int
-    largest_seconds: float  # the last, largest save's time
+    largest_wait: float  # the last, largest save: the round's wait
+    largest_blocked: float  # ... and the loop's time in it
     saves: int
     consolidations: int
     checks: tuple[str, ...]  # what went wrong; empty when all held
 
     @property
     def share(self) -> float:
-        """A round's checkpointing over the round's own wall time (fake)."""
-        return self.save_seconds / self.round_seconds
+        """(b) / (c): the round's wait for a save over the round's own time."""
+        return self.wait_seconds / self.round_seconds
+
+    @property
+    def blocked_share(self) -> float:
+        """(a) / (c): the loop's time in a save over the round's own time."""
+        return self.blocked_seconds / self.round_seconds
 
     @property
     def real_share(self) -> float:
-        """The same over a real model round's short end."""
-        return self.save_seconds / REAL_ROUND_SECONDS
-
-    @property
-    def write_per_save(self) -> float:
-        """The store's time for one save (the mean)."""
-        return self.write_seconds * self.model_rounds / self.saves
-
-    @property
-    def encode_per_megabyte(self) -> float:
-        """Encoding's time (on the event loop) per MB of checkpoint."""
-        per_save = self.encode_seconds * self.model_rounds / self.saves
-        return per_save / self.mean_bytes * 1_000_000
+        """The wait over a real model round's short end."""
+        return self.wait_seconds / REAL_ROUND_SECONDS
 
 
 def problems(outcome: Outcome, chat: str) -> list[str]:
@@ -509,6 +673,13 @@ def problems(outcome: Outcome, chat: str) -> list[str]:
     return found
 
 
+def _per_save(runs: list[Outcome], measure: str) -> float:
+    """The median over ``runs`` of the mean of one of their saves' figures."""
+    return median(
+        [sum(getattr(save, measure) for save in r.saves) / len(r.saves) for r in runs]
+    )
+
+
 def figures(runs: list[Outcome], bases: list[Outcome], chat: str) -> Figures:
     """The medians of ``runs`` (one store) against ``bases`` (no store)."""
     first = runs[0]
@@ -521,15 +692,14 @@ def figures(runs: list[Outcome], bases: list[Outcome], chat: str) -> Figures:
         rounds=first.rounds,
         model_rounds=per_round,
         round_seconds=base / per_round,
-        save_seconds=median([r.save_seconds for r in runs]) / per_round,
-        encode_seconds=median([sum(s.encode_seconds for s in r.saves) for r in runs])
-        / per_round,
-        write_seconds=median([sum(s.store_seconds for s in r.saves) for r in runs])
-        / per_round,
+        wait_seconds=_per_save(runs, "seconds"),
+        blocked_seconds=_per_save(runs, "blocked_seconds"),
+        write_seconds=_per_save(runs, "store_seconds"),
         end_to_end=(with_store - base) / per_round,
         mean_bytes=sum(sizes) / len(sizes),
         last_bytes=sizes[-1],
-        largest_seconds=median([r.saves[-1].seconds for r in runs]),
+        largest_wait=median([r.saves[-1].seconds for r in runs]),
+        largest_blocked=median([r.saves[-1].blocked_seconds for r in runs]),
         saves=len(first.saves),
         consolidations=first.finished.stats.consolidations,
         checks=tuple(sorted({p for r in runs for p in problems(r, chat)})),
@@ -548,7 +718,12 @@ def percent(share: float) -> str:
     return f"{share:.2%}" if share >= 0.0001 else f"{share:.4%}"
 
 
-def side_by_side(results: list[Figures]) -> str:
+def micro(seconds: float) -> str:
+    """Seconds in milliseconds, with the digits a fraction of one needs."""
+    return f"{seconds * 1000:.3f} ms" if seconds < 0.001 else ms(seconds)
+
+
+def side_by_side(results: list[Figures], handoff: float) -> str:
     """The printed table: one column per length and store."""
     lines: list[tuple[str, ...]] = [
         ("", *(f"{f.rounds} rounds, {f.store}" for f in results)),
@@ -556,18 +731,27 @@ def side_by_side(results: list[Figures]) -> str:
             "saves (rounds + consolidations)",
             *(f"{f.saves} ({f.rounds} + {f.consolidations})" for f in results),
         ),
-        ("round's wall time, no checkpoint", *(ms(f.round_seconds) for f in results)),
         (
-            "save per round: encode + write",
-            *(
-                f"{ms(f.save_seconds)} ({ms(f.encode_seconds)} + {ms(f.write_seconds)})"
-                for f in results
-            ),
+            "(c) round's wall time, no checkpoint",
+            *(ms(f.round_seconds) for f in results),
         ),
-        ("run with store - without, per round", *(ms(f.end_to_end) for f in results)),
-        ("save / round on the fake", *(percent(f.share) for f in results)),
         (
-            f"save / real round ({REAL_ROUND_SECONDS:.0f} s)",
+            "(a) event loop blocked per save",
+            *(micro(f.blocked_seconds) for f in results),
+        ),
+        (
+            "    of which a bare thread hand-off",
+            *(micro(handoff) for _ in results),
+        ),
+        (
+            "(b) round waits per save (store's write)",
+            *(f"{ms(f.wait_seconds)} ({ms(f.write_seconds)})" for f in results),
+        ),
+        ("(a) / (c)", *(percent(f.blocked_share) for f in results)),
+        ("(b) / (c)", *(percent(f.share) for f in results)),
+        ("run with store - without, per round", *(ms(f.end_to_end) for f in results)),
+        (
+            f"(b) / a real round ({REAL_ROUND_SECONDS:.0f} s)",
             *(percent(f.real_share) for f in results),
         ),
         ("bytes per save (mean)", *(kilobytes(f.mean_bytes) for f in results)),
@@ -575,7 +759,10 @@ def side_by_side(results: list[Figures]) -> str:
             "checkpoint after the last round",
             *(kilobytes(f.last_bytes) for f in results),
         ),
-        ("its save (the largest)", *(ms(f.largest_seconds) for f in results)),
+        (
+            "its save (the largest): (a), (b)",
+            *(f"{micro(f.largest_blocked)}, {ms(f.largest_wait)}" for f in results),
+        ),
         ("checks", *("PASS" if not f.checks else "FAIL" for f in results)),
     ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
@@ -589,21 +776,22 @@ def side_by_side(results: list[Figures]) -> str:
 
 
 def where_the_time_goes(results: list[Figures]) -> str:
-    """The line under the table: encoding grows with the state, writing does not."""
+    """The line under the table: the wait is the store's durability."""
     parts = [
-        f"{f.rounds} rounds, {f.store}: a write of {kilobytes(f.mean_bytes)} takes "
-        f"{ms(f.write_per_save)}, encoding {ms(f.encode_per_megabyte)} per MB"
+        f"{f.rounds} rounds, {f.store}: {ms(f.wait_seconds)} of which the write "
+        f"{ms(f.write_seconds)}"
         for f in results
     ]
     return (
-        "  Where the time goes: each write is made durable (fsync, or SQLite's "
-        "journal and commit), so it costs milliseconds whatever its size; "
-        "encoding runs on the event loop and grows with the state "
-        f"({'; '.join(parts)})."
+        "  Where the time goes: the event loop only takes the record (each "
+        "message encoded once, in a worker thread); the round waits for the "
+        "write to be durable (fsync of the file and its directory, or SQLite's "
+        "journal and commit), milliseconds whatever the size, and a thread's "
+        f"hand-off ({'; '.join(parts)})."
     )
 
 
-def rows(results: list[Figures]) -> list[Row]:
+def rows(results: list[Figures], heavy: HeavySize) -> list[Row]:
     """The suite's rows: per length and store, the cost; per length, the size."""
     table = []
     for f in results:
@@ -611,15 +799,23 @@ def rows(results: list[Figures]) -> list[Row]:
         table += [
             Row(
                 f"{name}: per round",
-                f"{ms(f.save_seconds)}/round ({percent(f.share)})",
+                f"{ms(f.wait_seconds)}/save ({percent(f.share)})",
                 f"{ms(f.round_seconds)}/round (round on the fake)",
                 f.share,
                 f"< {GOAL_SHARE:.0%} of a round (fake)",
                 f.share < GOAL_SHARE,
             ),
             Row(
+                f"{name}: event loop blocked",
+                f"{micro(f.blocked_seconds)}/save ({percent(f.blocked_share)})",
+                f"{ms(f.round_seconds)}/round (round on the fake)",
+                f.blocked_share,
+                f"< {GOAL_SHARE:.0%} of a round (fake)",
+                f.blocked_share < GOAL_SHARE,
+            ),
+            Row(
                 f"{name}: vs a real round",
-                f"{ms(f.save_seconds)}/round ({percent(f.real_share)})",
+                f"{ms(f.wait_seconds)}/save ({percent(f.real_share)})",
                 f"{REAL_ROUND_SECONDS:.0f} s/round (real model, short end)",
                 f.real_share,
                 f"< {GOAL_SHARE:.0%} of a round (real)",
@@ -648,6 +844,17 @@ def rows(results: list[Figures]) -> list[Row]:
                 timing=False,
             )
         )
+    table.append(
+        Row(
+            f"heavy checkpoint, {heavy.rollouts} rollouts × {heavy.rounds} rounds",
+            "; ".join(heavy.checks) or kilobytes(heavy.largest),
+            f"{kilobytes(MAX_BYTES)} (MAX_BYTES)",
+            heavy.largest / MAX_BYTES,
+            "answers; ≤ MAX_BYTES",
+            not heavy.checks,
+            timing=False,
+        )
+    )
     return table
 
 
@@ -693,6 +900,8 @@ async def run(quick: bool) -> list[Row]:
             results = []
             for rounds in LENGTHS[quick]:
                 results += await measure(rounds, REPEATS[quick], texts, stores)
+            heavy = await heavy_size(texts, DirectoryStore(path / "heavy"), 30)
+            handoff = await handoff_seconds()
         finally:
             engine.dispose()
     print(f"  {texts.describe()}")
@@ -701,12 +910,18 @@ async def run(quick: bool) -> list[Row]:
         f"  odd rounds search, even rounds visit a new page; consolidation at "
         f"0.9 x 110K tokens; {runs} per store, alternating after a warm-up; "
         "directory = DirectoryStore (fsync + rename), database = DatabaseStore "
-        "on a SQLite file"
+        "on a SQLite file; (a) the event loop's CPU time in a save, (b) the "
+        "save's wall time (what the round waits), (c) a round without saves"
     )
-    print(side_by_side(results))
+    print(side_by_side(results, handoff))
     print(where_the_time_goes(results))
     print(
         f"  A real model round takes 10-60 s: against {REAL_ROUND_SECONDS:.0f} s "
         "a save is the 'real round' share above, six times less against 60 s."
     )
-    return rows(results)
+    print(
+        f"  Heavy: {heavy.rollouts} rollouts × {heavy.rounds} rounds, the "
+        f"largest checkpoint {kilobytes(heavy.largest)} ({heavy.writes} writes)"
+        + (f"; {'; '.join(heavy.checks)}" if heavy.checks else "")
+    )
+    return rows(results, heavy)

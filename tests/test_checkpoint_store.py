@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -130,3 +131,14 @@ async def test_database_expiry_removes_only_old_rows(database):
     assert await store.expire(older_than=2_000.0) == 1
     assert await store.load("u", "old") is None
     assert await store.load("u", "new") == b"2"
+
+
+async def test_both_stores_save_from_a_worker_thread_as_from_the_loop(
+    tmp_path: Path, database
+):
+    # The run engine encodes a record and saves it in one worker thread.
+    for store in (DirectoryStore(tmp_path / "files"), DatabaseStore(database)):
+        await asyncio.to_thread(store.save_blocking, "u", "c", b"from a thread")
+        assert await store.load("u", "c") == b"from a thread"
+        await store.save("u", "c", b"from the loop")
+        assert await store.load("u", "c") == b"from the loop"

@@ -9,10 +9,15 @@ sources keep their numbers, and the answer cites pages read before and after.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import json
+import threading
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.fakes.scripted_model import ScriptedModel
 from tongyi_deepresearch_openwebui_pipeline.adapters.checkpoint_store import (
@@ -229,3 +234,87 @@ async def test_a_store_that_cannot_save_is_said_once_and_the_run_goes_on(
         "answer",
         "Done.",
     )
+
+
+class GatedStore:
+    """A store in memory whose every save waits in a worker thread for ``gate``.
+
+    Loading and removing run on the event loop, so a run's cancellation
+    (and the front end's `finish` after it) needs nothing but the loop.
+    ``log`` says what landed, in order.
+    """
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple[str, str], bytes] = {}
+        self.log: list[str] = []
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.landed = threading.Event()
+
+    async def load(self, owner: str, chat: str) -> bytes | None:
+        return self.kept.get((owner, chat))
+
+    async def save(self, owner: str, chat: str, data: bytes) -> None:
+        await asyncio.to_thread(self._save, owner, chat, data)
+
+    def _save(self, owner: str, chat: str, data: bytes) -> None:
+        self.entered.set()
+        self.gate.wait(30)
+        self.kept[(owner, chat)] = data
+        self.log.append("saved")
+        self.landed.set()
+
+    async def remove(self, owner: str, chat: str) -> None:
+        self.kept.pop((owner, chat), None)
+        self.log.append("removed")
+
+    async def expire(self, older_than: float) -> int:
+        return 0
+
+
+class GatedBlockingStore(GatedStore):
+    """`GatedStore` that also saves from the engine's worker thread itself."""
+
+    async def save(self, owner: str, chat: str, data: bytes) -> None:
+        await asyncio.to_thread(self.save_blocking, owner, chat, data)
+
+    def save_blocking(self, owner: str, chat: str, data: bytes) -> None:
+        self._save(owner, chat, data)
+
+
+@pytest.mark.parametrize("store_kind", [GatedStore, GatedBlockingStore])
+async def test_a_run_stopped_while_a_save_is_written_forgets_it_after_it_lands(
+    store_kind: type[GatedStore],
+):
+    store = store_kind()
+    keeper = Checkpointer(store, RunKey("user-1", "chat-1", QUESTION))
+    model = ScriptedModel(visit(page(1)), visit(page(2)))
+
+    async def stopped_as_the_pipe_stops() -> None:
+        events = research(
+            PLAN, model, lambda _: Pages(), SourceLedger(), checkpointer=keeper
+        )
+        try:
+            async with contextlib.aclosing(events):
+                async for _ in events:
+                    pass
+        except asyncio.CancelledError:
+            await keeper.finish()  # Stop: the run's progress is forgotten
+            raise
+
+    task = asyncio.create_task(stopped_as_the_pipe_stops())
+    # The save before round 2 is in its thread, held there.
+    assert await asyncio.to_thread(store.entered.wait, 30)
+    task.cancel()
+    # Everything the cancellation does without the write runs on the loop:
+    # give it every turn it could take before the write is let through.
+    for _ in range(100):
+        await asyncio.sleep(0)
+    store.gate.set()
+    assert await asyncio.to_thread(store.landed.wait, 30)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The write landed before the run ended and its progress was removed.
+    assert store.log == ["saved", "removed"]
+    assert store.kept == {}
+    assert len(model.seen) == 1  # round 2 was never asked

@@ -2,7 +2,9 @@
 
 A store keeps at most one checkpoint per (user, chat): the run in progress
 there. It holds bytes (`core.checkpoint` writes and reads them) and answers
-four calls, all off the event loop: `load`, `save`, `remove` and `expire`.
+four calls, all off the event loop: `load`, `save`, `remove` and `expire`;
+and `save_blocking`, the same save for a caller already in a worker thread
+(the run engine encodes a record and saves it in one).
 
 - `DirectoryStore` (the runner): one file per key, written to a temporary
   file in the same directory, flushed to disk, then renamed over the old one,
@@ -28,9 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..core.checkpoint import MAX_BYTES, CheckpointStore
+from ..core.checkpoint import MAX_BYTES, BlockingSave, CheckpointStore
 
-__all__ = ["CheckpointStore", "DatabaseStore", "DirectoryStore"]
+__all__ = ["BlockingSave", "CheckpointStore", "DatabaseStore", "DirectoryStore"]
 
 #: The table's name in Open WebUI's database (prefixed: it is not Open WebUI's).
 TABLE_NAME = "tongyi_deepresearch_checkpoint"
@@ -66,9 +68,11 @@ class DirectoryStore:
 
     async def save(self, owner: str, chat: str, data: bytes) -> None:
         """Write ``data`` beside the old file, flush it, then rename it over."""
-        await asyncio.to_thread(self._save, _file_name(owner, chat), data)
+        await asyncio.to_thread(self.save_blocking, owner, chat, data)
 
-    def _save(self, name: str, data: bytes) -> None:
+    def save_blocking(self, owner: str, chat: str, data: bytes) -> None:
+        """`save`, in the calling thread (a worker's, never the event loop's)."""
+        name = _file_name(owner, chat)
         self.directory.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(
             dir=self.directory, prefix=".", suffix=".partial"
@@ -176,9 +180,10 @@ class DatabaseStore:
 
     async def save(self, owner: str, chat: str, data: bytes) -> None:
         """Replace the row in one transaction."""
-        await asyncio.to_thread(self._save, owner, chat, data)
+        await asyncio.to_thread(self.save_blocking, owner, chat, data)
 
-    def _save(self, owner: str, chat: str, data: bytes) -> None:
+    def save_blocking(self, owner: str, chat: str, data: bytes) -> None:
+        """`save`, in the calling thread (a worker's, never the event loop's)."""
         self._ensure_table()
         try:
             self._replace(owner, chat, data)

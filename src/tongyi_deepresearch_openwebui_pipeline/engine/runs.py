@@ -36,6 +36,11 @@ Decisions (each has a test in tests/test_heavy.py or tests/test_lab_parallelmuse
   the generators under it before it returns: every ``async for`` over an
   inner generator runs inside ``contextlib.aclosing``, never leaving one to
   garbage collection.
+- Durable, single or heavy: with a `Checkpointer` the state before each
+  round is saved before the round's request is sent, and a run asked again
+  goes on from it; a heavy run keeps each rollout's progress, each ending
+  and each report (`HeavyRun`; tests/test_durable_runs.py,
+  tests/test_heavy_durable.py).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.budget import MESSAGE_OVERHEAD_TOKENS, estimate_text_tokens, messages_tokens
+from ..core.checkpoint import MAX_ROLLOUTS, HeavyCheckpoint, SavedRollout
 from ..core.events import (
     TERMINATION_TEXT,
     AliasesAdded,
@@ -74,6 +80,7 @@ from ..core.events import (
     ToolCallFinished,
     ToolOutcome,
     ToolPort,
+    WrappingUp,
 )
 from ..core.history import content_text
 from ..core.loop import REPLY_MARGIN_SHARE, Limits, ResearchLoop, RunState
@@ -105,10 +112,8 @@ from ..core.parallelmuse import (
 )
 from ..core.sources import SourceLedger
 from ..core.toolcalls import ToolCall
-from .checkpoints import Checkpointer
+from .checkpoints import Checkpointer, HeavyProgress
 
-#: Most rollouts one heavy run may start.
-MAX_ROLLOUTS = 8
 #: Rounds of the integrate call: it answers (its reply is the answer).
 INTEGRATE_ROUNDS = 1
 #: Longest report reply read, in characters: four characters a token of the
@@ -175,8 +180,9 @@ def research(
 
     `tools_for(k)` gives rollout k of a heavy run its tools (0: a single run);
     `summarizer` writes the research state when a run consolidates (default:
-    `model`). A single run saves its progress through `checkpointer` and
-    goes on from the checkpoint it finds there (its sources into `ledger`).
+    `model`). A run, single or heavy, saves its progress through
+    `checkpointer` and goes on from the checkpoint it finds there (its
+    sources into `ledger`).
     """
     if plan.heavy is None:
         return _single_from(
@@ -196,6 +202,7 @@ def research(
         plan.heavy,
         plan.today,
         summarizer=summarizer,
+        checkpointer=checkpointer,
     )
     return heavy.run()
 
@@ -247,9 +254,9 @@ async def single_run(
     (`SourcesAdded` after the call that read them first); `RunFinished`
     carries them all. The ledger is the engine's: a front end learns the
     sources from these events alone. With a `checkpointer`, the state is
-    saved before every round after the first and after every consolidation,
-    and forgotten when the run ends (but after an error, which a later try
-    may go on from).
+    saved before every round after the first, before a wrap-up and after
+    every consolidation, and forgotten when the run ends (but after an error,
+    which a later try may go on from).
     `resuming`: `state` and `ledger` come from a checkpoint (said first).
     """
     said = 0
@@ -274,9 +281,15 @@ async def single_run(
 async def _checkpoint(
     checkpointer: Checkpointer, event: Event, state: RunState, ledger: SourceLedger
 ) -> None:
-    """Save between rounds and after a consolidation; forget at the end."""
+    """Save between rounds and after a consolidation; forget at the end.
+
+    A wrap-up is a round too (already counted when it is said): the state
+    before it is saved as before any round.
+    """
     if isinstance(event, RoundStarted) and event.round > 1:
         await checkpointer.save_between_rounds(state, ledger, event.round)
+    elif isinstance(event, WrappingUp):
+        await checkpointer.save_between_rounds(state, ledger, state.round)
     elif isinstance(event, Consolidated):
         await checkpointer.save(state, ledger)
     elif isinstance(event, RunFinished) and event.reason != "error":
@@ -369,12 +382,17 @@ class _ScoredModel:
         top_logprobs: int,
         state: RunState,
         first_reply: Callable[[bool], None],
+        steps: list[Step] | None = None,
     ) -> None:
-        """Wrap ``model`` for the rollout whose state is ``state``."""
+        """Wrap ``model`` for the rollout whose state is ``state``.
+
+        ``steps`` are the rollout's steps so far (a resumed one's), kept in
+        that list as they come.
+        """
         self.model = model
         self.top_logprobs = top_logprobs
         self.state = state
-        self.steps: list[Step] = []
+        self.steps: list[Step] = [] if steps is None else steps
         self._first_reply: Callable[[bool], None] | None = first_reply
 
     def _chunks(
@@ -428,9 +446,14 @@ class _Rollout:
     limits: Limits
     #: Rounds of its conversation that its parent ran (a branch's prefix).
     inherited_rounds: int = 0
+    #: It branched from an initial rollout's step.
+    branch: bool = False
     finished: RunFinished | None = None
-    #: The initial rollout's port, whose steps branches start from.
-    scored: _ScoredModel | None = None
+    #: An initial rollout's scored steps, which branches start from (None:
+    #: not scored); its port (`_ScoredModel`) adds to them.
+    steps: list[Step] | None = None
+    #: Its rounds when it (re)started: the first round it runs is the next.
+    start_round: int = 0
 
 
 @dataclass
@@ -475,7 +498,19 @@ class _Report:
 
 
 class HeavyRun:
-    """N rollouts of one question, then ParallelMuse's reports and integration."""
+    """N rollouts of one question, then ParallelMuse's reports and integration.
+
+    With a `Checkpointer` the run is durable (`HeavyProgress` says what is
+    kept): it saves each rollout's state between its rounds and after its
+    consolidations, each rollout's ending, and each report written. A run
+    that finds its checkpoint goes on from it: finished rollouts are not run
+    again (their endings are said again), running ones go on from their last
+    saved round (a branch keeps its inherited rounds), rollouts not started
+    start as they would have (branches from the saved steps), reports
+    written are not asked again, and the integrate call runs. A rollout that
+    ended with an error is kept as it was before its failing round, so a
+    later try goes on with it, as a single run does.
+    """
 
     def __init__(  # noqa: PLR0917  (the ports and settings of one run)
         self,
@@ -489,11 +524,12 @@ class HeavyRun:
         clock: Callable[[], float] = time.monotonic,
         *,
         summarizer: ModelPort | None = None,
+        checkpointer: Checkpointer | None = None,
     ) -> None:
         """A heavy run of `messages` (system prompt, then the chat).
 
         `tools_for(k)` gives rollout k its tools: they record the pages they
-        read in `ledger` as read by k.
+        read in `ledger` as read by k. `checkpointer` keeps its progress.
         """
         self.messages = messages
         self.model = model
@@ -506,8 +542,22 @@ class HeavyRun:
         self.today = today
         self.clock = clock
         self.summarizer = summarizer
+        self.checkpointer = checkpointer
         self.started = clock()
         self._runs: dict[int, _Rollout] = {}
+        self.progress = (
+            None
+            if checkpointer is None
+            else HeavyProgress(
+                self.rollouts,
+                self.settings.branch_steps,
+                lambda: max(0.0, self.clock() - self.started),
+            )
+        )
+        #: Reports a checkpoint kept, by rollout (not asked again).
+        self._kept_reports: dict[int, _Report] = {}
+        #: The checkpointer's notes already said.
+        self._said = 0
 
     @property
     def rollouts(self) -> int:
@@ -516,12 +566,108 @@ class HeavyRun:
 
     async def run(self) -> AsyncGenerator[RunEvent, None]:
         """Yield every rollout's events as they come, then the aggregation's."""
-        async with contextlib.aclosing(self._rollouts()) as rollouts:
+        saved = await self._resume()
+        for event in [*self._notes(), *self._resumed(saved)]:
+            yield event
+        async with contextlib.aclosing(self._rollouts(saved)) as rollouts:
             async for event in rollouts:
                 yield event
         async with contextlib.aclosing(self._aggregation()) as aggregation:
             async for event in aggregation:
+                for warning in self._notes():
+                    yield warning
+                if (
+                    self.checkpointer is not None
+                    and isinstance(event, RunFinished)
+                    and event.reason != "error"
+                ):
+                    await self.checkpointer.finish()
                 yield event
+
+    # -- durability --
+    async def _resume(self) -> HeavyCheckpoint | None:
+        """The run's checkpoint, its sources and clock taken back (None: none)."""
+        if self.checkpointer is None:
+            return None
+        saved = await self.checkpointer.resume_heavy(self.rollouts)
+        if saved is None:
+            return None
+        self.ledger.restore(saved.sources, saved.reads)
+        self.started = self.clock() - saved.elapsed
+        for rollout in saved.started:
+            rollout.state.started = self.started
+        self._kept_reports = {
+            report.rollout: _Report(report.rollout, report.text, usage=[*report.usage])
+            for report in saved.reports
+        }
+        return saved
+
+    def _resumed(self, saved: HeavyCheckpoint | None) -> list[RunEvent]:
+        """What a resumed run says first: its rounds and sources, its endings."""
+        if saved is None:
+            return []
+        rounds = sum(
+            rollout.ending.stats.rounds
+            if rollout.ending is not None
+            else rollout.state.round - rollout.inherited_rounds
+            for rollout in saved.started
+        )
+        said: list[RunEvent] = [RunResumed(rounds, tuple(self.ledger.sources))]
+        for rollout in saved.started:
+            if rollout.ending is not None:
+                ending = _with_run_sources(rollout.ending, self.ledger)
+                said.append(RolloutEvent(rollout.number, self.rollouts, ending))
+        return said
+
+    def _notes(self) -> list[ContextWarning]:
+        """What the checkpointer found, or could not save, not yet said."""
+        if self.checkpointer is None:
+            return []
+        notes = self.checkpointer.notes[self._said :]
+        self._said += len(notes)
+        return [ContextWarning(note) for note in notes]
+
+    def _keep(
+        self,
+        rollout: _Rollout,
+        *,
+        round: int | None = None,
+        ending: RunFinished | None = None,
+    ) -> None:
+        """Take ``rollout``'s record as it is now (written by the next save)."""
+        if self.progress is not None:
+            self.progress.keep(
+                rollout.number,
+                rollout.state,
+                round=round,
+                branch=rollout.branch,
+                inherited_rounds=rollout.inherited_rounds,
+                steps=rollout.steps or (),
+                ending=ending,
+            )
+
+    async def _save(self) -> None:
+        """Write what is kept (the caller's rollout waits for it)."""
+        if self.checkpointer is not None and self.progress is not None:
+            await self.checkpointer.save_heavy(self.progress, self.ledger)
+
+    async def _saved_between_rounds(self, rollout: _Rollout, event: Event) -> None:
+        """Save ``rollout`` before a round or a wrap-up, or after a consolidation."""
+        if isinstance(event, RoundStarted) and event.round > rollout.start_round + 1:
+            self._keep(rollout, round=event.round - 1)
+        elif isinstance(event, WrappingUp):
+            self._keep(rollout, round=rollout.state.round - 1)
+        elif isinstance(event, Consolidated):
+            self._keep(rollout)
+        else:
+            return
+        await self._save()
+
+    async def _saved_ending(self, rollout: _Rollout, finished: RunFinished) -> None:
+        """Save how ``rollout`` ended (an error keeps its last saved round)."""
+        if finished.reason != "error":
+            self._keep(rollout, ending=finished)
+            await self._save()
 
     # -- the rollouts --
     def _rollout_limits(self) -> Limits:
@@ -534,22 +680,39 @@ class HeavyRun:
             return self.rollouts
         return min(max(1, self.settings.initial_rollouts), self.rollouts)
 
-    def _fresh(self, number: int) -> _Rollout:
-        """Rollout ``number`` from the question."""
-        state = RunState(messages=copy.deepcopy(self.messages), started=self.started)
+    def _fresh(self, number: int, state: RunState | None = None) -> _Rollout:
+        """Rollout ``number`` from the question (or from its saved ``state``)."""
+        if state is None:
+            state = RunState(
+                messages=copy.deepcopy(self.messages), started=self.started
+            )
         return _Rollout(number, state, self.model, self._rollout_limits())
 
-    def _initial(self, number: int, queue: asyncio.Queue[_Item]) -> _Rollout:
-        """Rollout ``number`` from the question, its steps scored."""
-        rollout = self._fresh(number)
-        rollout.scored = _ScoredModel(
+    def _initial(
+        self,
+        number: int,
+        queue: asyncio.Queue[_Item],
+        saved: SavedRollout | None = None,
+    ) -> _Rollout:
+        """Rollout ``number`` from the question (or where it was saved), scored."""
+        rollout = self._fresh(number, None if saved is None else saved.state)
+        rollout.steps = [] if saved is None else list(saved.steps)
+        rollout.model = _ScoredModel(
             self.model,
             self.settings.top_logprobs,
             rollout.state,
             lambda served: queue.put_nowait(_FirstReply(number, served)),
+            rollout.steps,
         )
-        rollout.model = rollout.scored
         return rollout
+
+    def _opening(
+        self, number: int, queue: asyncio.Queue[_Item], saved: SavedRollout | None
+    ) -> _Rollout:
+        """Initial rollout ``number``: scored when later ones branch from it."""
+        if self._initial_count() < self.rollouts:
+            return self._initial(number, queue, saved)
+        return self._fresh(number, None if saved is None else saved.state)
 
     def _branch(self, number: int, step: Step) -> _Rollout:
         """Rollout ``number`` continuing the conversation before ``step``."""
@@ -560,23 +723,71 @@ class HeavyRun:
             round=done,
             pages=list(step.pages),
         )
+        return self._branching(_Rollout(number, state, self.model, self.limits, done))
+
+    def _branching(self, rollout: _Rollout) -> _Rollout:
+        """``rollout`` as a branch: it wraps up at the context limit."""
         # The loop would restart a consolidated branch from its last user
         # message, here a tool response, as if it were the question.
-        limits = replace(self._rollout_limits(), at_limit="wrap_up")
-        return _Rollout(number, state, self.model, limits, inherited_rounds=done)
+        rollout.limits = replace(self._rollout_limits(), at_limit="wrap_up")
+        rollout.branch = True
+        return rollout
+
+    def _restored(self, saved: SavedRollout) -> _Rollout:
+        """A later rollout where its checkpoint left it (or how it ended)."""
+        rollout = self._fresh(saved.number, saved.state)
+        rollout.inherited_rounds = saved.inherited_rounds
+        rollout.finished = saved.ending
+        return self._branching(rollout) if saved.branch else rollout
+
+    def _ended(self, saved: SavedRollout) -> _Rollout:
+        """A rollout its checkpoint says ended: not run again."""
+        rollout = self._restored(saved)
+        if saved.number <= self._initial_count() < self.rollouts:
+            rollout.steps = list(saved.steps)  # later rollouts may branch from it
+        return rollout
 
     def _later(self, numbers: list[int]) -> list[_Rollout]:
         """The later rollouts: branches of the initial ones where they can be."""
-        steps = [
-            run.scored.steps for run in self._runs.values() if run.scored is not None
-        ]
+        runs = [self._runs[k] for k in sorted(self._runs)]
+        steps = [run.steps for run in runs if run.steps is not None]
         points = branch_points(steps, len(numbers), self.settings.branch_steps)
         return [
             self._fresh(number) if point is None else self._branch(number, point)
             for number, point in zip(numbers, points, strict=True)
         ]
 
-    async def _rollouts(self) -> AsyncGenerator[RolloutEvent, None]:
+    def _plan(
+        self, saved: HeavyCheckpoint | None, queue: asyncio.Queue[_Item]
+    ) -> tuple[list[_Rollout], list[_Rollout], list[int]]:
+        """What the rollouts start from: a checkpoint's, or the question.
+
+        The initial rollouts to run, the later ones to run (a checkpoint's
+        that had started), and the later ones not started yet. A rollout its
+        checkpoint says ended is registered as such, and not run.
+        """
+        kept = {rollout.number: rollout for rollout in saved.started} if saved else {}
+        for rollout in kept.values():
+            if rollout.ending is not None:
+                self._runs[rollout.number] = self._ended(rollout)
+                self._keep(self._runs[rollout.number], ending=rollout.ending)
+        initial = self._initial_count()
+        first = [
+            self._opening(k, queue, kept.get(k))
+            for k in range(1, initial + 1)
+            if k not in self._runs
+        ]
+        later = list(range(initial + 1, self.rollouts + 1))
+        if not any(k in kept for k in later):
+            return first, [], later
+        going_on = [
+            self._restored(kept[k]) for k in later if k in kept and k not in self._runs
+        ]
+        return first, going_on, [k for k in later if k not in kept]
+
+    async def _rollouts(
+        self, saved: HeavyCheckpoint | None
+    ) -> AsyncGenerator[RunEvent, None]:
         """Run the rollouts: the initial ones, then branches or fresh ones."""
         queue: asyncio.Queue[_Item] = asyncio.Queue()
         slots = asyncio.Semaphore(max(1, self.settings.concurrency))
@@ -585,20 +796,29 @@ class HeavyRun:
         def start(rollouts: list[_Rollout]) -> int:
             for rollout in rollouts:
                 self._runs[rollout.number] = rollout
+                rollout.start_round = rollout.state.round
+                self._keep(rollout)
                 tasks.append(asyncio.create_task(self._rollout(rollout, queue, slots)))
             return len(rollouts)
 
-        initial = self._initial_count()
-        first = range(1, initial + 1)
-        if initial < self.rollouts:  # the others branch: score the first ones
-            running = start([self._initial(k, queue) for k in first])
-        else:
-            running = start([self._fresh(k) for k in first])
-        later = list(range(initial + 1, self.rollouts + 1))
+        def start_later(rollouts: list[_Rollout]) -> int:
+            if self.progress is not None:
+                self.progress.branches_started()
+            return start(rollouts)
+
+        first, going_on, later = self._plan(saved, queue)
+        running = start(first)
+        if going_on or not later:  # no later rollout is left to branch
+            running += start_later(going_on)
         detected = False
         try:
+            if not running and later:  # the initial ones had all ended
+                running += start_later(self._later(later))
+                later = []
             while running:
                 item = await queue.get()
+                for warning in self._notes():
+                    yield warning
                 if isinstance(item, RolloutEvent):
                     yield item
                 elif isinstance(item, _FirstReply):
@@ -611,12 +831,12 @@ class HeavyRun:
                             self.rollouts,
                             ContextWarning(NO_LOGPROBS_NOTICE),
                         )
-                        running += start([self._fresh(k) for k in later])
+                        running += start_later([self._fresh(k) for k in later])
                         later = []
                 else:
                     running -= 1
                     if not running and later:
-                        running += start(self._later(later))
+                        running += start_later(self._later(later))
                         later = []
         finally:
             # Stop (or a finished run): nothing of any rollout keeps running.
@@ -644,8 +864,12 @@ class HeavyRun:
                 )
                 async with _closing(loop.run()) as events:
                     async for event in events:
+                        await self._saved_between_rounds(rollout, event)
                         for recorded in _with_sources(event, self.ledger, number):
-                            await queue.put(self._rollout_event(rollout, recorded))
+                            item = self._rollout_event(rollout, recorded)
+                            if isinstance(item.event, RunFinished):
+                                await self._saved_ending(rollout, item.event)
+                            await queue.put(item)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # a broken rollout must not sink the others
@@ -762,18 +986,25 @@ class HeavyRun:
 
     # -- the reports --
     async def _reports(self, model: ModelPort, rollouts: list[int]) -> list[_Report]:
-        """One report per rollout, written at once (as many as may run)."""
+        """One report per rollout, written at once (as many as may run).
+
+        A report a checkpoint kept is not asked again.
+        """
         slots = asyncio.Semaphore(max(1, self.settings.concurrency))
-        tasks = [
-            asyncio.create_task(self._report(model, number, slots))
+        tasks = {
+            number: asyncio.create_task(self._report(model, number, slots))
             for number in rollouts
-        ]
+            if number not in self._kept_reports
+        }
         try:
-            return list(await asyncio.gather(*tasks))
+            written = dict(
+                zip(tasks, await asyncio.gather(*tasks.values()), strict=True)
+            )
         finally:
-            for task in tasks:
+            for task in tasks.values():
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+        return [self._kept_reports.get(k) or written[k] for k in rollouts]
 
     async def _report(
         self, model: ModelPort, number: int, slots: asyncio.Semaphore
@@ -799,6 +1030,9 @@ class HeavyRun:
         report.text = report_from_reply("".join(report.parts))
         if not report.text:
             report.error = "the report was empty"
+        elif self.progress is not None:
+            self.progress.keep_report(number, report.text, report.usage)
+            await self._save()
         return report
 
     async def _trajectory(self, number: int) -> str:
