@@ -242,7 +242,9 @@ async def test_the_pipe_researches_forty_rounds_on_a_small_context(context: int)
     ):
         research = LabResearch(lambda k: site.url(f"/count/{k}"), rounds=40)
         fake.respond_with(research)
-        pipe = make_pipe(fake, local_tools("", allow_private=True), API_KEY="")
+        pipe = make_pipe(
+            fake, local_tools("", allow_private=True), API_KEY="", CITATION_CHECK=False
+        )
         text, _, events = await drive(pipe, QUESTION)
 
     first = site.url("/count/1")
@@ -272,7 +274,9 @@ async def test_the_pipe_page_cache_still_serves_pages_read_before_a_consolidatio
             lambda k: site.url(f"/count/{(k - 1) % 3 + 1}"), rounds=8
         )
         fake.respond_with(research)
-        pipe = make_pipe(fake, local_tools("", allow_private=True), API_KEY="")
+        pipe = make_pipe(
+            fake, local_tools("", allow_private=True), API_KEY="", CITATION_CHECK=False
+        )
         text, _, _ = await drive(pipe, QUESTION)
 
     assert research.summaries >= 1
@@ -294,6 +298,7 @@ async def test_the_summary_endpoint_gets_its_own_key_only():
             {"visit": _EvidenceVisit},
             API_KEY="research-key-0123456789",
             SUMMARY_BASE_URL=summary_server.base_url,
+            CITATION_CHECK=False,
             SUMMARY_API_KEY="summary-key-9876543210",
             SUMMARY_MODEL="summary-model",
         )
@@ -370,7 +375,9 @@ async def test_the_pipe_consolidates_when_the_server_refuses_for_length():
                 fake.max_model_len = 131072
 
         fake._refusal = smaller  # type: ignore[method-assign]
-        pipe = make_pipe(fake, local_tools("", allow_private=True), API_KEY="")
+        pipe = make_pipe(
+            fake, local_tools("", allow_private=True), API_KEY="", CITATION_CHECK=False
+        )
         text, _, _ = await drive(pipe, QUESTION)
 
     assert fake.refused >= 1
@@ -393,7 +400,9 @@ async def test_heavy_rollouts_consolidate_on_a_small_context():
             lambda k: site.url(f"/count/{k}"), rounds=10_000, answers_after_restart=True
         )
         fake.respond_with(research)
-        pipe = make_pipe(fake, local_tools("", allow_private=True), API_KEY="")
+        pipe = make_pipe(
+            fake, local_tools("", allow_private=True), API_KEY="", CITATION_CHECK=False
+        )
         text, _, _ = await drive(
             pipe, QUESTION, body_model="tdr.tongyi-deepresearch-heavy"
         )

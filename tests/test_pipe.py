@@ -195,9 +195,13 @@ async def test_every_model_client_comes_from_the_pipes_factory_with_its_sleep():
         "Done: the model gave its answer",
         "2 rounds",
     ]
-    # One client for the research and one for its summaries, both with the
-    # pipe's sleep.
-    assert [name for name, _ in built] == ["research-model", "summarizer"]
+    # One client for the research, one for its summaries and one for the
+    # citation check (on the summary endpoint), all with the pipe's sleep.
+    assert [name for name, _ in built] == [
+        "research-model",
+        "summarizer",
+        "summarizer",
+    ]
     assert all(sleep is waits for _, sleep in built)
     assert model.seen[1][-1]["content"].startswith(
         "<tool_response>\nA Google search for 'who' found 1 results:"

@@ -176,6 +176,7 @@ def test_ask_json_is_one_object_for_scripts(world, tmp_path):
         "tokens",
         "cost",
         "seconds",
+        "citations",
     }
     assert result["termination"] == "answer"
     assert result["rounds"] == 3

@@ -78,6 +78,8 @@ def test_a_batch_killed_mid_research_resumes_from_its_last_finished_round(
             SEARXNG_URL=site.url("/search"),
             ALLOW_PRIVATE_URLS="true",
             SCHOLAR_ENABLED="false",
+            # The citation check after the answer has its own tests.
+            CITATION_CHECK="false",
         )
         args = [*command(), "batch", str(source), "--output", str(out)]
         first = Research(site, hold_at=4)

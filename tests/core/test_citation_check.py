@@ -809,3 +809,15 @@ def test_the_report_as_plain_data() -> None:
             }
         ],
     }
+
+
+def test_a_bracketed_number_that_is_link_text_is_no_citation() -> None:
+    answer = (
+        "The bridge opened in [1931](https://example.org/b) [1]. "
+        "See [2][ref] and the [3](https://x.org) page [2]."
+    )
+    statements = cited_statements(answer, 10)
+    assert [(s.text, s.numbers) for s in statements] == [
+        ("The bridge opened in 1931.", (1,)),
+        ("See [2][ref] and the 3 page.", (2,)),
+    ]

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.scholarly import FakeScholarly
 from tests.fakes.searxng import FakeSearXNG
 
 from .owui import (
@@ -159,6 +160,22 @@ def search(owui: OwuiSession, fake_search: FakeSearXNG) -> FakeSearXNG:
     """The fake SearXNG with no scripts and no recorded requests."""
     fake_search.reset()
     return fake_search
+
+
+@pytest.fixture
+def scholar_apis(owui: OwuiSession, apis: FakeScholarly) -> Iterator[FakeScholarly]:
+    """The scholar tool searching the fake OpenAlex (its valves put back after).
+
+    Its default backend is api.openalex.org; the tests reach only 127.0.0.1.
+    """
+    if "deepresearch_scholar" not in owui.tools:
+        pytest.fail("deepresearch_scholar is not in Open WebUI's tool registry")
+    valves = "/api/v1/tools/id/deepresearch_scholar/valves/update"
+    owui.api.post(valves, {"OPENALEX_URL": apis.openalex_url})
+    try:
+        yield apis
+    finally:
+        owui.api.post(valves, {})
 
 
 @pytest.hookimpl(wrapper=True)

@@ -585,14 +585,18 @@ async def ui_chat(
     question: str,
     model: str = PIPE_MODEL_ID,
     timeout: float = 120.0,
+    *,
     socket_url: str | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> UiChat:
     """Run a new chat over a socket.io session, as the web UI does.
 
     The server saves the chat, streams events to the session and writes the
     assistant message when done; the chat is then read back over REST.
     ``socket_url`` is where the session connects (default: ``api``'s server;
-    another replica of a scaled deployment works the same way).
+    another replica of a scaled deployment works the same way). ``extra``
+    are more fields of the request, as the chat input adds them (the tools
+    selected in it: ``tool_ids``; the prompt variables: ``variables``).
     """
     events: list[dict[str, Any]] = []
     message_id = str(uuid.uuid4())
@@ -635,6 +639,7 @@ async def ui_chat(
                 "follow_up_generation",
             ),
         )
+        body |= dict(extra or {})
         chat_id = None
         if not server_creates_chats():
             # 0.6 / 0.8: the browser saves the new chat first, then runs the

@@ -1,7 +1,12 @@
 """A user in headless Chromium: sign in, pick the model, ask, see the research.
 
 Also: the Stop button ends a live research run (the model's connection is
-dropped, the message is saved as done, no task is left).
+dropped, the message is saved as done, no task is left); and, on 0.12, where
+a user makes the per-chat choices: the chat input's tool selector (only the
+scholar tool picked: the research offers the model that tool alone) and its
+Valves dialog (the user's own time limit, saved for them). Their cropped
+screenshots are README's (docs/screenshot-tools.png,
+docs/screenshot-user-valves.png).
 
 Chromium is Debian's ``/usr/bin/chromium`` (or ``TDR_CHROMIUM``) driven by
 Playwright; ``playwright install`` is never used. Every request the page makes
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import os
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,15 +26,27 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from playwright.async_api import Page, Route, async_playwright
+from playwright.async_api import FloatRect, Page, Route, async_playwright, expect
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from tests.fakes.client_watch import ClientWatch
 from tests.fakes.openai_server import FakeOpenAI, Reply, StreamGate, answer, tool_call
+from tests.fakes.scholarly import FakeScholarly, openalex_work
 from tests.fakes.searxng import FakeSearXNG, result
+from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.catalog import (
+    prompt_lines,
+)
+from tongyi_deepresearch_openwebui_pipeline.core.prompts import system_prompt_with
 
 from .conftest import ADMIN_EMAIL, ADMIN_PASSWORD, OwuiSession, pipe_valves, unavailable
-from .owui import ARTIFACTS, FUNCTION_ID, Api, ScriptedModel, owui_version_tuple
+from .owui import (
+    ARTIFACTS,
+    FUNCTION_ID,
+    Api,
+    ScriptedModel,
+    owui_version_tuple,
+    tool_responses,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -85,6 +103,14 @@ async def sign_in_and_ask(
     page: Page, owui: OwuiSession, model_name: str, question: str
 ) -> None:
     """Sign in as the admin, pick `model_name` and send `question`."""
+    await sign_in_and_pick(page, owui, model_name)
+    await page.locator("#chat-input").click()
+    await page.keyboard.type(question)
+    await page.keyboard.press("Enter")
+
+
+async def sign_in_and_pick(page: Page, owui: OwuiSession, model_name: str) -> None:
+    """Sign in as the admin and pick `model_name` for a new chat."""
     await page.goto(f"{owui.base_url}/auth")
     await page.fill("#email", ADMIN_EMAIL)
     await page.fill("#password", ADMIN_PASSWORD)
@@ -113,9 +139,6 @@ async def sign_in_and_ask(
     if await menu.is_visible():
         await page.keyboard.press("Escape")
         await menu.wait_for(state="hidden")
-    await page.locator("#chat-input").click()
-    await page.keyboard.type(question)
-    await page.keyboard.press("Enter")
 
 
 async def test_user_sees_reasoning_tool_card_and_answer(
@@ -337,3 +360,171 @@ async def test_stop_button_ends_the_research(
     history = saved["chat"]["history"]
     reply = history["messages"][history["currentId"]]
     assert STOP_SHOWN in str(reply.get("content") or reply.get("output"))
+
+
+# -- where a user makes the per-chat choices (README's screenshots) -----------------
+
+TOOLS_QUESTION = "What does strain do to graphene?"
+TOOLS_KEY = "strain do to graphene"
+TOOLS_ANSWER = "Strain stretches the graphene lattice."
+PAPER_TITLE = "Graphene under strain"
+OUR_TOOLS = ("DeepResearch Scholar", "DeepResearch Search", "DeepResearch Visit")
+#: Cropped for README (docs/screenshot-tools.png is a copy).
+TOOLS_SCREENSHOT = ARTIFACTS / "browser-tools.png"
+#: Cropped for README (docs/screenshot-user-valves.png is a copy).
+USER_VALVES_SCREENSHOT = ARTIFACTS / "browser-user-valves.png"
+USER_VALVES = f"/api/v1/functions/id/{FUNCTION_ID}/valves/user"
+#: Room left around a cropped part of the page, in CSS pixels.
+CROP_MARGIN = 24
+
+
+def around(*boxes: FloatRect | None) -> FloatRect:
+    """The part of the page that holds ``boxes``, with a margin."""
+    shown = [box for box in boxes if box is not None]
+    assert shown, "nothing to show"
+    left = max(0.0, min(box["x"] for box in shown) - CROP_MARGIN)
+    top = max(0.0, min(box["y"] for box in shown) - CROP_MARGIN)
+    right = max(box["x"] + box["width"] for box in shown) + CROP_MARGIN
+    bottom = max(box["y"] + box["height"] for box in shown) + CROP_MARGIN
+    return {"x": left, "y": top, "width": right - left, "height": bottom - top}
+
+
+async def settled(page: Page) -> None:
+    """Until every animation that ends has ended (a screenshot shows it all)."""
+    await page.wait_for_function(
+        "() => document.getAnimations().every(a => a.playState !== 'running'"
+        " || a.effect?.getComputedTiming().iterations === Infinity)"
+    )
+
+
+async def test_user_picks_the_scholar_tool_in_the_chat_input(
+    page: Page,
+    owui: OwuiSession,
+    model: ScriptedModel,
+    search: FakeSearXNG,
+    scholar_apis: FakeScholarly,
+) -> None:
+    """The chat input's Integrations → Tools lists the three; only Scholar is on."""
+    if owui_version_tuple() < (0, 12):
+        pytest.skip("the chat input's Integrations menu is 0.12's")
+    scholar_apis.openalex["graphene strain"] = [
+        openalex_work(PAPER_TITLE, year=2021, cited=12)
+    ]
+    model.conversation(
+        TOOLS_KEY,
+        Reply(
+            reasoning="Papers first.",
+            content=tool_call("google_scholar", {"query": ["graphene strain"]}),
+        ),
+        Reply(reasoning="The paper says it.", content=answer(TOOLS_ANSWER)),
+    )
+    try:
+        await sign_in_and_pick(page, owui, MODEL_NAME)
+        chat_input = page.locator("#chat-input")
+        await chat_input.click()
+        await page.keyboard.type(TOOLS_QUESTION)
+        integrations = page.get_by_role("button", name="Integrations")
+        await integrations.click()
+        await page.get_by_role("menuitem", name="Tools").click()
+        menu = page.get_by_role("menu")
+        for name in OUR_TOOLS:
+            await menu.get_by_role("menuitemcheckbox", name=name).wait_for()
+        scholar = menu.get_by_role("menuitemcheckbox", name="DeepResearch Scholar")
+        await scholar.click()
+        await expect(scholar).to_have_attribute("aria-checked", "true")
+        for name in OUR_TOOLS[1:]:
+            tool = menu.get_by_role("menuitemcheckbox", name=name)
+            await expect(tool).to_have_attribute("aria-checked", "false")
+        await settled(page)
+        model_button = page.get_by_role(
+            "button", name=f"Selected model: {MODEL_NAME}"
+        ).first
+        ARTIFACTS.mkdir(exist_ok=True)
+        await page.screenshot(
+            path=str(TOOLS_SCREENSHOT),
+            clip=around(
+                await chat_input.bounding_box(),
+                await model_button.bounding_box(),
+                await menu.bounding_box(),
+            ),
+        )
+
+        await page.keyboard.press("Escape")
+        await menu.wait_for(state="hidden")
+        await chat_input.click()
+        await page.keyboard.press("End")
+        await page.keyboard.press("Enter")
+        await page.get_by_text(TOOLS_ANSWER).wait_for(timeout=90_000)
+        await page.get_by_text("View Result from google_scholar").wait_for()
+    finally:  # also what a failure looked like
+        ARTIFACTS.mkdir(exist_ok=True)
+        await page.screenshot(
+            path=str(ARTIFACTS / "browser-tools-chat.png"), full_page=True
+        )
+    assert TOOLS_SCREENSHOT.stat().st_size > 10_000
+    # The research offered the model the scholar tool alone (the date is the
+    # browser's), which found the paper; nothing was searched on the web.
+    first, second = model.bodies(TOOLS_KEY)
+    system = str(first["messages"][0]["content"])
+    today = dt.date.fromisoformat(system[-10:])
+    assert system == system_prompt_with(prompt_lines(["google_scholar"]), today)
+    (result,) = tool_responses(second)
+    assert f"[{PAPER_TITLE}]" in result
+    assert search.queries() == []
+
+
+async def test_user_sets_their_own_time_limit_in_the_chat_input_s_valves(
+    page: Page, owui: OwuiSession
+) -> None:
+    """The chat input's Valves: the pipe's user valves, saved for this user.
+
+    (The session's only user who may use the pipe's model is its admin; the
+    dialog is every user's own.)
+    """
+    if owui_version_tuple() < (0, 12):
+        pytest.skip("the chat input's Valves button is 0.12's")
+    try:
+        await sign_in_and_pick(page, owui, MODEL_NAME)
+        await page.get_by_role("button", name="Valves", exact=True).click()
+        dialog = page.get_by_role("dialog")
+        for label in (
+            "Show Thinking",
+            "Max Research Minutes",
+            "Max Tool Rounds",
+            "Answer Language",
+        ):
+            await dialog.get_by_text(label, exact=True).wait_for()
+        # The valve's row: its name, its Default/Custom switch, its description
+        # (inner locators of `has` are relative to each candidate: from `page`).
+        row = (
+            dialog.locator(
+                "div", has=page.get_by_text("Max Research Minutes", exact=True)
+            )
+            .filter(has=page.get_by_text("Your time limit for one research"))
+            .last
+        )
+        await row.get_by_role("button", name="Default").click()
+        await row.get_by_role("textbox").fill("20")
+        panel = (
+            dialog.locator("div", has=page.get_by_text("Valves", exact=True))
+            .filter(has=page.get_by_role("button", name="Save"))
+            .last
+        )
+        await settled(page)
+        ARTIFACTS.mkdir(exist_ok=True)
+        await page.screenshot(
+            path=str(USER_VALVES_SCREENSHOT), clip=around(await panel.bounding_box())
+        )
+        await dialog.get_by_role("button", name="Save").click()
+        await until(
+            lambda: owui.api.get(USER_VALVES) == {"MAX_RESEARCH_MINUTES": 20.0},
+            "the user's valves to be saved",
+        )
+    finally:
+        ARTIFACTS.mkdir(exist_ok=True)
+        await page.screenshot(
+            path=str(ARTIFACTS / "browser-user-valves-page.png"), full_page=True
+        )
+        # The admin's own valves as they were (the other tests' runs).
+        await asyncio.to_thread(owui.api.post, f"{USER_VALVES}/update", {})
+    assert USER_VALVES_SCREENSHOT.stat().st_size > 10_000

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from .citation_report import CitationReport
 from .sources import PageRead, Source
 from .toolcalls import ToolCall
 
@@ -381,7 +382,18 @@ class RunFinished:
     #: ``messages`` do; a tool result dropped to make room for the final
     #: answer is kept as it was read.
     trajectory: tuple[dict[str, Any], ...] = ()
+    #: The answer's cited statements checked against their pages (set by the
+    #: run engine after the answer; None: not checked).
+    citations: CitationReport | None = None
     kind: str = "finished"
+
+
+@dataclass(frozen=True)
+class CitationsChecking:
+    """The answer is out; its `statements` cited statements are being checked."""
+
+    statements: int
+    kind: str = "citations_checking"
 
 
 # -- what a heavy run adds --
@@ -422,6 +434,7 @@ Event = (
     | SourcesAdded
     | AliasesAdded
     | RunResumed
+    | CitationsChecking
     | RunFinished
 )
 #: What a run of either kind yields: a heavy run adds its rollouts' events and

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable
 from urllib.parse import quote
 
+from .citation_report import CitationReport, Support
 from .events import TERMINATION_TEXT
 from .sources import Source
 
@@ -88,3 +89,38 @@ def sources_list(sources: Iterable[Source]) -> str:
         for source in sources
     )
     return f"\n\n**Sources read**\n\n{items}\n" if items else ""
+
+
+#: Longest statement quoted in the note of unsupported citations.
+QUOTED_STATEMENT_CHARS = 160
+
+
+def checking_citations_text(statements: int) -> str:
+    """The status while the answer's citations are checked."""
+    noun = "statement" if statements == 1 else "statements"
+    return f"Checking {statements} cited {noun} against the pages they cite…"
+
+
+def unsupported_citations(report: CitationReport) -> list[str]:
+    """One Markdown line per cited statement its pages do not support.
+
+    The statement is quoted (cut at `QUOTED_STATEMENT_CHARS`) with the
+    citations it carries, then why, as the check's model said it; both are
+    shown literally.
+    """
+    lines = []
+    for item in report.verdicts:
+        if item.verdict.support is not Support.NOT_SUPPORTED:
+            continue
+        text = item.statement.text
+        if len(text) > QUOTED_STATEMENT_CHARS:
+            text = text[: QUOTED_STATEMENT_CHARS - 1].rstrip() + "…"
+        cited = " ".join(f"[{number}]" for number in item.statement.numbers)
+        if item.statement.unverified:
+            cited = f"{cited} (a page never read)".strip()
+        why = item.verdict.reason.strip()
+        lines.append(
+            f"“{markdown_text(text)}” {markdown_text(cited)}".rstrip()
+            + (f": {markdown_text(why)}" if why else "")
+        )
+    return lines

@@ -42,6 +42,7 @@ from ..adapters.openwebui.registry import (
 from ..adapters.openwebui.render import (
     ChatRenderer,
     Display,
+    Exports,
     HeavyRenderer,
     ReasoningSplitter,
     stream_pieces,
@@ -56,6 +57,7 @@ from ..adapters.openwebui.valves import (
     BaseValves,
     UserValves,
     answer_language_note,
+    export_formats,
     model_settings,
     shared_endpoints,
     with_user_caps,
@@ -293,7 +295,6 @@ class Pipe:
             rollouts=_streamed(body),
         )
         heavy = valves.HEAVY_ENABLED and _is_heavy(body)
-        renderer = HeavyRenderer(display) if heavy else ChatRenderer(display)
         messages, files, web_urls = await _without_injected_context(
             body, request, metadata, files
         )
@@ -322,6 +323,14 @@ class Pipe:
         # What the offered tools put before the question (parse_file: the
         # attachments' names, as the model was trained to find them).
         asked = str(turns[-1]["content"])
+        # A chat's answer offers its exports; an API caller gets the answer.
+        formats = export_formats(valves, mine) if _streamed(body) else ()
+        exports = Exports(formats, asked, _today(metadata))
+        renderer: ChatRenderer | HeavyRenderer = (
+            HeavyRenderer(display, exports)
+            if heavy
+            else ChatRenderer(display, exports=exports)
+        )
         note = question_note(toolbox.available(), ChatFacts(files=tuple(files)))
         turns[-1] = {
             "role": "user",
@@ -366,7 +375,12 @@ class Pipe:
                 str((user or {}).get("id") or ""), stored_chat or "", asked, heavy=heavy
             )
             # The run engine's; the renderer learns the sources from the events.
-            events = session.research(plan, tools_for, checkpointer=keeper)
+            events = session.research(
+                plan,
+                tools_for,
+                checkpointer=keeper,
+                check_citations=mine.CITATION_CHECK,
+            )
             try:
                 async with contextlib.aclosing(events):
                     async for event in events:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import os
 import signal
@@ -43,6 +44,7 @@ from typing import Any, TextIO, TypeVar
 
 from .. import __version__
 from ..adapters.checkpoint_store import DirectoryStore
+from ..adapters.export.bundle import FORMAT_NAMES, parse_formats
 from ..adapters.openwebui.valves import Valves
 from .batch import (
     ITER_FILE,
@@ -63,6 +65,7 @@ from .batch import (
     run_batch,
     too_long,
 )
+from .exports import ask_base, batch_base, batch_directory, exports_of, write_exports
 from .render import (
     Progress,
     TerminalRenderer,
@@ -130,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="heavy mode: N research rollouts at once, then one synthesis",
+    )
+    common.add_argument(
+        "--export",
+        default="",
+        metavar="FORMATS",
+        help="also write each research's sources and report beside the output: "
+        f"any of {', '.join(FORMAT_NAMES)}, comma-separated",
     )
     common.add_argument(
         "--verbose", action="store_true", help="log details (and tracebacks)"
@@ -300,9 +310,26 @@ def _print_result(text: str, quiet: bool) -> None:
     sys.stdout.flush()
 
 
+def _today() -> dt.date:
+    """The day the pages were read (the research's date, UTC)."""
+    return dt.datetime.now(dt.UTC).date()
+
+
+def _export_formats(args: argparse.Namespace) -> tuple[str, ...]:
+    try:
+        return parse_formats(args.export)
+    except ValueError as error:
+        raise RunnerError(f"--export: {error}", code=2) from None
+
+
 async def _ask(args: argparse.Namespace, settings: Settings) -> int:
     if lone_surrogate(args.question) is not None:  # bytes argv could not decode
         raise RunnerError("the question is not UTF-8 text", code=2)
+    formats = _export_formats(args)
+    if formats and not args.output:
+        raise RunnerError(
+            "--export writes beside the output: give --output FILE", code=2
+        )
     if args.output:
         _check_output(args.output, read_back=False)
     renderer = TerminalRenderer(thinking=args.thinking)
@@ -335,6 +362,13 @@ async def _ask(args: argparse.Namespace, settings: Settings) -> int:
             _print_result(text, args.quiet)
             raise _cannot_write(args.output, error) from None
         _say(f"Wrote {args.output}")
+        if formats:
+            files = exports_of(outcome, formats, _today())
+            try:
+                written = write_exports(files, ask_base(args.output))
+            except OSError as error:
+                raise _cannot_write(args.output.parent, error) from None
+            _say("Wrote " + ", ".join(str(path) for path in written))
     else:
         _print_result(text, args.quiet)
     if checkpoints is not None:  # the run ended: nothing is left to resume
@@ -502,6 +536,7 @@ def _say_failures(state: BatchState) -> None:
 
 
 async def _batch(args: argparse.Namespace, settings: Settings) -> int:
+    formats = _export_formats(args)
     if args.concurrency < 1 or args.rollouts < 1:
         raise RunnerError("--concurrency and --rollouts must be at least 1", code=2)
     _check_outputs(args, output_files(args.output, args.output_dir, args.rollouts))
@@ -514,6 +549,7 @@ async def _batch(args: argparse.Namespace, settings: Settings) -> int:
         return status
     state = BatchState(total=len(plan.jobs) + plan.skipped, skipped=plan.skipped)
     checkpoints = checkpoint_store(args.output, args.output_dir, settings)
+    exports_dir = batch_directory(args.output, args.output_dir)
     if plan.skipped:
         _say(f"Resuming: {plan.skipped} records already in {plan.where}.")
 
@@ -525,11 +561,16 @@ async def _batch(args: argparse.Namespace, settings: Settings) -> int:
                 _say(f"Asking again: {plural(dropped, 'failed record')} replaced.")
 
             async def research(job: Job) -> Outcome:
-                return await researcher.run(
+                outcome = await researcher.run(
                     job.question.question,
                     heavy=args.heavy,
                     run_id=f"{job.rollout_id}:{job.question.question}",
                 )
+                if formats and outcome.finished.reason != "error":
+                    base = batch_base(exports_dir, job.question.line, job.rollout_id)
+                    files = exports_of(outcome, formats, _today())
+                    await asyncio.to_thread(write_exports, files, base)
+                return outcome
 
             with contextlib.ExitStack() as files:
                 writers = {

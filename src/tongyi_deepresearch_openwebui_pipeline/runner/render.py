@@ -24,6 +24,7 @@ from ..adapters.openwebui.catalog import describe_call
 from ..core.events import (
     TERMINATION_TEXT,
     AnswerDelta,
+    CitationsChecking,
     Consolidated,
     ConsolidationFailed,
     ConsolidationStarted,
@@ -43,7 +44,14 @@ from ..core.events import (
     UsageUpdated,
     WrappingUp,
 )
-from ..core.phrasing import duration_text, resumed_text, round_label, tokens_text
+from ..core.phrasing import (
+    checking_citations_text,
+    duration_text,
+    resumed_text,
+    round_label,
+    tokens_text,
+    unsupported_citations,
+)
 from .results import well_formed
 
 
@@ -260,6 +268,8 @@ class TerminalRenderer:
             )
         if isinstance(event, RunFinished):
             return self._finished(lane, event)
+        if isinstance(event, CitationsChecking):
+            return f"{p}  ✓ {checking_citations_text(event.statements)}\n"
         return self._limit_line(p, event)
 
     def _limit_line(self, p: str, event: Event) -> str:
@@ -293,6 +303,10 @@ class TerminalRenderer:
         )
         if event.error:
             text += f"{lane.prefix}  ✗ {one_line(event.error, 600)}\n"
+        if event.citations is not None:
+            text += f"{lane.prefix}  {event.citations.summary_line()}\n"
+            for line in unsupported_citations(event.citations):
+                text += f"{lane.prefix}    ⚠ {one_line(line, 400)}\n"
         return text
 
 

@@ -163,6 +163,8 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
         "cost": finished.stats.cost,
         "seconds": round(outcome.seconds, 3),
     }
+    if finished.citations is not None:
+        result["citations"] = finished.citations.as_dict()
     if finished.error:
         result["error"] = finished.error
     return result
@@ -290,6 +292,11 @@ def batch_record(
         "tokens": _tokens(outcome),
         "cost": finished.stats.cost,
         "time": round(outcome.seconds, 3),
+        **(
+            {"citations": finished.citations.as_dict()}
+            if finished.citations is not None
+            else {}
+        ),
     }
 
 

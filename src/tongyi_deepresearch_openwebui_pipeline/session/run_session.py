@@ -30,6 +30,7 @@ from ..adapters.model_client import (
 from ..adapters.openwebui.catalog import prompt_lines
 from ..adapters.openwebui.valves import (
     BaseValves,
+    check_settings,
     model_settings,
     research_limits,
     summary_settings,
@@ -40,6 +41,7 @@ from ..core.loop import Limits
 from ..core.prompts import system_prompt_with
 from ..core.sources import SourceLedger
 from ..engine.checkpoints import Checkpointer, RunKey
+from ..engine.citations import CitationCheck, time_left, with_citations_checked
 from ..engine.runs import HeavySettings, RunPlan, research
 
 #: Waits the given number of seconds (between a model server's retries).
@@ -102,6 +104,9 @@ class RunSession:
         self.model = model_client(self.model_settings, http, sleep)
         self.summarizer = model_client(
             summary_settings(valves, self.model_settings, summary_key), http, sleep
+        )
+        self.checker = model_client(
+            check_settings(valves, self.model_settings, summary_key), http, sleep
         )
         self.limits = research_limits(valves, served_context)
 
@@ -177,14 +182,16 @@ class RunSession:
         *,
         checkpointer: Checkpointer | None = None,
         ledger: SourceLedger | None = None,
+        check_citations: bool = True,
     ) -> AsyncGenerator[RunEvent, None]:
         """The events of the research of ``plan``, ending with `RunFinished`.
 
         ``tools_for(k)`` gives rollout k of a Heavy run its tools (0: a single
         run's). With a ``checkpointer`` the run goes on from its saved
-        progress, if any, and saves as it goes.
+        progress, if any, and saves as it goes. The answer's citations are
+        checked when the valve and ``check_citations`` both say so.
         """
-        return research(
+        events = research(
             plan,
             self.model,
             tools_for,
@@ -192,6 +199,18 @@ class RunSession:
             self.summarizer,
             checkpointer=checkpointer,
         )
+        valves = self.valves
+        if not (valves.CITATION_CHECK and check_citations):
+            return events
+        check = CitationCheck(
+            self.checker,
+            max_statements=valves.CITATION_CHECK_MAX_STATEMENTS,
+            max_seconds=valves.CITATION_CHECK_SECONDS,
+        )
+        limits = plan.limits
+        # Within the run's own time: its limit and the wrap-up's grace.
+        left = time_left(limits.max_seconds + limits.wrap_up_seconds)
+        return with_citations_checked(events, check, left)
 
 
 @contextlib.asynccontextmanager

@@ -34,16 +34,19 @@ rewriter, and page titles and URLs in "Sources read" are escaped.
 
 from __future__ import annotations
 
+import datetime as dt
 import html
 import json
 import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ...core.citation_report import CitationReport
 from ...core.events import (
     TERMINATION_TEXT,
     AliasesAdded,
     AnswerDelta,
+    CitationsChecking,
     Consolidated,
     ConsolidationFailed,
     ConsolidationStarted,
@@ -68,6 +71,7 @@ from ...core.events import (
 from ...core.history import RESTART_NOTE
 from ...core.phrasing import (
     UNMARKED_ANSWER_NOTE,
+    checking_citations_text,
     duration_text,
     markdown_text,
     no_answer_note,
@@ -76,8 +80,10 @@ from ...core.phrasing import (
     sources_list,
     stopped_note,
     tokens_text,
+    unsupported_citations,
 )
-from ...core.sources import CitationRewriter, Source, SourceBook
+from ...core.sources import CitationRewriter, Source, SourceBook, rewrite_answer
+from ..export.bundle import export_files, fenced
 from .catalog import describe_call
 from .emitter import notification_payload, status_payload
 
@@ -276,6 +282,7 @@ def summary_block(
     pages_read: int,
     cited: int,
     rollouts: tuple[RolloutSummary, ...] = (),
+    citations: str = "",
 ) -> str:
     """The collapsible research summary shown under the answer.
 
@@ -300,11 +307,69 @@ def summary_block(
     ]
     if stats.cost is not None:
         lines.append(f"- Cost: ${stats.cost:.4f}")
+    if citations:
+        lines.append(f"- {citations}")
     lines.append(f"- Time: {duration_text(stats.seconds)}")
     lines.append(f"- Ended because {TERMINATION_TEXT.get(reason, reason)}.")
     body = "\n".join(lines)
     return (
         f"\n\n<details>\n<summary>Research summary</summary>\n\n{body}\n\n</details>\n"
+    )
+
+
+#: Open WebUI pairs ``<details`` and ``</details>`` by plain search, code
+#: fences or not: a page title holding one would end the export block early.
+_DETAILS_TAG = re.compile(r"<(/?details)", re.IGNORECASE)
+
+
+def _defused_tag(match: re.Match[str]) -> str:
+    return "<" + ZERO_WIDTH_SPACE + match.group(1)
+
+
+@dataclass(frozen=True)
+class Exports:
+    """What a chat's answer offers to take elsewhere (`adapters.export`)."""
+
+    #: Format names (`bundle.FORMAT_NAMES`); empty: no export block.
+    formats: tuple[str, ...]
+    #: The question, for the Markdown report.
+    question: str
+    #: The day the pages were read.
+    accessed: dt.date
+
+
+def export_block(exports: Exports, answer: str, sources: list[Source]) -> str:
+    """The collapsed block under the answer with each chosen format to copy."""
+    files = export_files(
+        exports.formats,
+        question=exports.question,
+        answer=answer,
+        sources=sources,
+        accessed=exports.accessed,
+    )
+    if not files:
+        return ""
+    labels = " · ".join(file.format.label for file in files)
+    parts = "\n\n".join(
+        f"**{file.format.label}** (`{file.format.suffix}`)\n\n"
+        + fenced(_DETAILS_TAG.sub(_defused_tag, file.text), file.format.language)
+        for file in files
+    )
+    return (
+        f"\n\n<details>\n<summary>Export: {labels}</summary>\n\n{parts}\n\n</details>\n"
+    )
+
+
+def _citations_note(report: CitationReport | None) -> str:
+    """The note under the answer naming each statement its pages do not support."""
+    lines = unsupported_citations(report) if report is not None else []
+    if report is None or not lines:
+        return ""
+    statements = "statement" if report.checked == 1 else "statements"
+    items = "\n".join(f"> - {line}" for line in lines)
+    return (
+        f"\n\n> ⚠️ **Citation check:** {len(lines)} of {report.checked} cited "
+        f"{statements} not supported by the pages cited:\n{items}\n"
     )
 
 
@@ -318,6 +383,7 @@ class ChatRenderer:
         book: SourceBook | None = None,
         status_prefix: str = "",
         nested: bool = False,
+        exports: Exports | None = None,
     ) -> None:
         """Render one run, citing the sources its events tell of.
 
@@ -328,6 +394,7 @@ class ChatRenderer:
         ``status_prefix``'s rollout.
         """
         self.book = SourceBook() if book is None else book
+        self.exports = exports
         self.display = display
         self.status_prefix = status_prefix
         self._payloads: list[dict[str, Any]] = []
@@ -415,6 +482,10 @@ class ChatRenderer:
             )
         if isinstance(event, RunFinished):
             text = self._finish(event)
+        elif isinstance(event, CitationsChecking):
+            # The answer is whole before the check: nothing of it waits.
+            text = self._close_think() + self._rewriter.flush()
+            self._status(checking_citations_text(event.statements))
         else:
             status = self._status_for(event)
             if status:
@@ -527,6 +598,7 @@ class ChatRenderer:
             out += f"\n\n> ⚠️ {no_answer_note(event.reason)}\n"
         elif not event.answer_marked:
             out += f"\n\n{UNMARKED_ANSWER_NOTE}\n"
+        out += _citations_note(event.citations)
         out += sources_list(self.book.sources)
         if self.display.summary:
             out += summary_block(
@@ -535,7 +607,11 @@ class ChatRenderer:
                 pages_read=event.pages_read,
                 cited=len(self.book),
                 rollouts=event.rollouts,
+                citations=event.citations.summary_line() if event.citations else "",
             )
+        if self.exports is not None and self.book.sources:
+            shown = rewrite_answer(event.answer, self.book) if event.answer else ""
+            out += export_block(self.exports, shown, self.book.sources)
         usage = tokens_text(
             event.stats.prompt_tokens, event.stats.completion_tokens, event.stats.cost
         )
@@ -587,11 +663,11 @@ class HeavyRenderer:
     all rollouts and the research summary with every rollout's figures.
     """
 
-    def __init__(self, display: Display) -> None:
+    def __init__(self, display: Display, exports: Exports | None = None) -> None:
         """Render a heavy run; its rollouts and synthesis cite from one book."""
         self.book = SourceBook()
         self.display = display
-        self.main = ChatRenderer(display, book=self.book)
+        self.main = ChatRenderer(display, book=self.book, exports=exports)
         self._rollouts: dict[int, ChatRenderer] = {}
         self._shown: dict[int, list[str]] = {}
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from ...core.consolidation import SUMMARY_MAX_TOKENS
 from ...core.loop import AtLimit, Limits
 from .. import secrets
+from ..export.bundle import parse_formats
 from ..model_client import ModelSettings
 from .catalog import CATALOG
 from .toolbox import SharedEndpoint
@@ -287,6 +288,38 @@ class BaseValves(BaseModel):
         default="",
         description="Model id of the summary model; empty: MODEL_ID.",
     )
+    CITATION_CHECK: bool = Field(
+        default=True,
+        description=(
+            "After the answer, check each cited statement against what was read "
+            "on the page it cites (one short call per statement and page, to "
+            "the summary endpoint: SUMMARY_BASE_URL, by default the research "
+            "model's server) and mark those the page does not support."
+        ),
+    )
+    CITATION_CHECK_MAX_STATEMENTS: int = Field(
+        default=20,
+        ge=1,
+        le=200,
+        description="Most cited statements checked per answer (the rest are counted).",
+    )
+    CITATION_CHECK_SECONDS: float = Field(
+        default=90.0,
+        gt=0.0,
+        le=1800.0,
+        description=(
+            "Longest the check may take after the answer (never past the "
+            "research's time limit)."
+        ),
+    )
+    EXPORT_FORMATS: str = Field(
+        default="bibtex,ris,csl-json,markdown",
+        description=(
+            "What an answer offers to take elsewhere, in a collapsed block under "
+            "it: any of bibtex, ris, csl-json, markdown (a report), "
+            "comma-separated; empty: none."
+        ),
+    )
     AUTO_INSTALL_TOOLS: bool = Field(
         default=True,
         description=(
@@ -313,6 +346,11 @@ class BaseValves(BaseModel):
     @classmethod
     def _check_optional_url(cls, value: str) -> str:
         return _http_url(value)
+
+    @field_validator("EXPORT_FORMATS")
+    @classmethod
+    def _check_formats(cls, value: str) -> str:
+        return ",".join(parse_formats(value))
 
 
 def with_tool_switches(
@@ -364,6 +402,20 @@ class UserValves(BaseModel):
             "above it)."
         ),
     )
+    CITATION_CHECK: bool = Field(
+        default=True,
+        description=(
+            "Check the answer's citations against the pages they cite and mark "
+            "those not supported (when the administrator has the check on)."
+        ),
+    )
+    EXPORT_FORMATS: str = Field(
+        default="",
+        description=(
+            "Your export formats (of bibtex, ris, csl-json, markdown; empty: the "
+            "administrator's; none: no export block)."
+        ),
+    )
     ANSWER_LANGUAGE: str = Field(
         default="",
         max_length=40,
@@ -373,6 +425,24 @@ class UserValves(BaseModel):
             "chooses, usually the question's)."
         ),
     )
+
+    @field_validator("EXPORT_FORMATS")
+    @classmethod
+    def _check_formats(cls, value: str) -> str:
+        if value.strip().lower() == "none":
+            return "none"
+        return ",".join(parse_formats(value))
+
+
+def export_formats(admin: BaseValves, user: UserValves) -> tuple[str, ...]:
+    """The formats a user's answers offer: theirs, within the admin's."""
+    offered = parse_formats(admin.EXPORT_FORMATS)
+    chosen = user.EXPORT_FORMATS.strip().lower()
+    if not chosen:
+        return offered
+    if chosen == "none":
+        return ()
+    return tuple(name for name in offered if name in parse_formats(chosen))
 
 
 def with_user_caps(limits: Limits, user: UserValves) -> Limits:
@@ -446,6 +516,25 @@ def summary_settings(
         presence_penalty=None,
         stop=(),
         max_tokens=SUMMARY_MAX_TOKENS,
+    )
+
+
+#: The citation check's verdicts: the most likely word, not a sample.
+CHECK_TEMPERATURE = 0.0
+
+
+def check_settings(
+    valves: BaseValves, research: ModelSettings, summary_key: str
+) -> ModelSettings:
+    """How to reach the citation check's model: the summary endpoint, greedily.
+
+    The same endpoint, key scoping and model as the summary call
+    (`summary_settings`), sampled at temperature 0 (a verdict, not prose).
+    """
+    return replace(
+        summary_settings(valves, research, summary_key),
+        temperature=CHECK_TEMPERATURE,
+        top_p=1.0,
     )
 
 

@@ -1,0 +1,103 @@
+"""The export formats a front end offers, by name, and one research's files.
+
+Both front ends take the same names (``bibtex``, ``ris``, ``csl-json``,
+``markdown``): the pipe's ``EXPORT_FORMATS`` valves and the runner's
+``--export``. `export_files` writes the chosen ones for one research; the
+chat shows them in a collapsed block (`fenced`), the runner writes them to
+files named with each format's suffix.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ...core.sources import Source
+from .bibtex import to_bibtex
+from .csl_json import to_csl_json
+from .records import ExportSource, Scholarly, export_sources
+from .report import to_markdown_report
+from .ris import to_ris
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One format: its name, what it is called, its file suffix, its fence tag."""
+
+    name: str
+    label: str
+    suffix: str
+    language: str
+
+
+FORMATS: tuple[ExportFormat, ...] = (
+    ExportFormat("bibtex", "BibTeX", ".bib", "bibtex"),
+    ExportFormat("ris", "RIS", ".ris", "text"),
+    ExportFormat("csl-json", "CSL-JSON", ".json", "json"),
+    ExportFormat("markdown", "Markdown report", ".md", "markdown"),
+)
+#: Every format's name, in the order they are offered.
+FORMAT_NAMES = tuple(f.name for f in FORMATS)
+
+
+def parse_formats(text: str) -> tuple[str, ...]:
+    """The format names of a comma-separated list, each once, in list order.
+
+    Raises:
+        ValueError: A name is not a format (the message names the formats).
+    """
+    names = [name.strip().lower() for name in text.split(",") if name.strip()]
+    for name in names:
+        if name not in FORMAT_NAMES:
+            raise ValueError(
+                f"no export format {name[:40]!r}: choose from {', '.join(FORMAT_NAMES)}"
+            )
+    return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class ExportFile:
+    """One format's text for one research."""
+
+    format: ExportFormat
+    text: str
+
+
+def export_files(
+    formats: Sequence[str],
+    *,
+    question: str,
+    answer: str,
+    sources: Iterable[Source],
+    accessed: datetime.date,
+    scholarly: Mapping[str, Scholarly] | None = None,
+) -> list[ExportFile]:
+    """The chosen formats of one research, in `FORMATS` order.
+
+    ``answer`` is the answer as shown, its citations numbered ``[n]`` as the
+    sources are.
+    """
+    records = export_sources(sources, accessed, scholarly)
+    writers: dict[str, Callable[[list[ExportSource]], str]] = {
+        "bibtex": to_bibtex,
+        "ris": to_ris,
+        "csl-json": to_csl_json,
+        "markdown": lambda items: to_markdown_report(question, answer, items),
+    }
+    return [
+        ExportFile(spec, writers[spec.name](records))
+        for spec in FORMATS
+        if spec.name in formats
+    ]
+
+
+_BACKTICKS = re.compile(r"`+")
+
+
+def fenced(text: str, language: str) -> str:
+    """``text`` in a code fence no line of it can close."""
+    longest = max((len(run) for run in _BACKTICKS.findall(text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{language}\n{text.rstrip()}\n{fence}"

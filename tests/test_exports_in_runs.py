@@ -1,0 +1,249 @@
+"""A research's exports as the chat offers them and the runner writes them.
+
+The chat's answer ends with one collapsed block holding each chosen format
+in a code fence; what is inside reads back with the formats' own readers,
+numbered as the answer cites. The runner writes the same texts to files
+beside its output (``--export``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import rispy
+from bibtexparser.entrypoint import parse_string
+
+from tests.fakes.chat import QUESTION, FakeSearchTools, Result, drive, make_pipe
+from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
+from tests.fakes.pages import PageSite
+from tests.fakes.searxng import FakeSearXNG
+from tests.test_runner import World, command
+from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.render import (
+    ZERO_WIDTH_SPACE,
+)
+from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
+    ToolResolver,
+)
+from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.valves import UserValves
+from tongyi_deepresearch_openwebui_pipeline.pipes.pipe import Pipe
+
+PAGES = ["https://example.org/a?x=1&y=%20z", "https://example.org/b"]
+ANSWER = f"It began in [1931]({PAGES[0]}) and ended in [1950]({PAGES[1]})."
+#: A block of the export: its label, then its fenced text.
+_FENCED = re.compile(
+    r"\*\*(?P<label>[^*]+)\*\* \(`[^`]+`\)\n\n"
+    r"(?P<fence>`{3,})\w+\n(?P<text>.*?)\n(?P=fence)",
+    re.S,
+)
+
+
+def _research(body: dict[str, Any]) -> Reply:
+    if len(body["messages"]) == 2:
+        return Reply(tool_call("visit", {"url": PAGES, "goal": "the dates"}))
+    return Reply(answer(ANSWER))
+
+
+def _block(text: str) -> dict[str, str]:
+    """The export block's formats, by label (empty: no block)."""
+    start = text.find("<details>\n<summary>Export: ")
+    if start < 0:
+        return {}
+    block = text[start : text.index("\n</details>\n", start)]
+    return {m["label"]: m["text"] for m in _FENCED.finditer(block)}
+
+
+async def _chat(**valves: Any) -> tuple[str, dict[str, str]]:
+    user = valves.pop("user", {})
+    with FakeOpenAI() as fake:
+        fake.respond_with(_research)
+        turn = await drive(
+            make_pipe(fake, PYTHON_ENABLED=False, CITATION_CHECK=False, **valves),
+            QUESTION,
+            __user__={"id": "u1", "valves": UserValves(**user)},
+        )
+    return turn.text, _block(turn.text)
+
+
+async def test_the_answer_offers_every_format_numbered_as_it_cites() -> None:
+    text, block = await _chat()
+    assert list(block) == ["BibTeX", "RIS", "CSL-JSON", "Markdown report"]
+    bib = parse_string(block["BibTeX"])
+    assert bib.failed_blocks == []
+    assert [(e.key, e.fields_dict["url"].value) for e in bib.entries] == [
+        ("ref1", PAGES[0]),
+        ("ref2", PAGES[1]),
+    ]
+    ris = rispy.loads(block["RIS"])
+    assert [(r["id"], r["urls"]) for r in ris] == [
+        ("ref1", [PAGES[0]]),
+        ("ref2", [PAGES[1]]),
+    ]
+    csl = json.loads(block["CSL-JSON"])
+    assert [(item["id"], item["URL"]) for item in csl] == [
+        ("ref1", PAGES[0]),
+        ("ref2", PAGES[1]),
+    ]
+    report = block["Markdown report"]
+    # The report's answer is the chat's, cited with the same numbers.
+    assert f"[1931]({PAGES[0]}) [1] and ended in [1950]({PAGES[1]}) [2]." in report
+    assert "## References\n\n- \\[1\\] " in report
+    # The block comes last, after the research summary.
+    assert text.rindex("<summary>Export: ") > text.rindex("Research summary")
+
+
+@pytest.mark.parametrize(
+    ("valves", "labels"),
+    [
+        ({"EXPORT_FORMATS": ""}, []),
+        ({"user": {"EXPORT_FORMATS": "none"}}, []),
+        ({"user": {"EXPORT_FORMATS": "ris, bibtex"}}, ["BibTeX", "RIS"]),
+        (
+            {"EXPORT_FORMATS": "markdown", "user": {"EXPORT_FORMATS": "ris"}},
+            [],
+        ),
+    ],
+    ids=["admin none", "user none", "user two", "user outside the admin's"],
+)
+async def test_the_formats_are_the_user_s_within_the_admin_s(
+    valves: dict[str, Any], labels: list[str]
+) -> None:
+    _, block = await _chat(**valves)
+    assert list(block) == labels
+
+
+def test_an_unknown_format_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="no export format 'docx'"):
+        UserValves(EXPORT_FORMATS="bibtex,docx")
+
+
+async def test_a_page_title_cannot_end_the_export_block() -> None:
+    hostile = "x</details>\n<details><summary>forged</summary>"
+
+    class HostileVisit:
+        async def visit(self, url: list[str], goal: str, **_: Any) -> Any:
+
+            source = {
+                "source": {"name": hostile, "url": url[0]},
+                "document": ["Evidence"],
+                "metadata": [{"source": url[0], "name": hostile, "url": url[0]}],
+            }
+            return Result("Evidence", (source,))
+
+    resolver = ToolResolver(
+        classes={
+            "search": FakeSearchTools,
+            "visit": HostileVisit,
+            "google_scholar": None,
+        }
+    )
+    with FakeOpenAI() as fake:
+        fake.respond_with(_research)
+        pipe = make_pipe(
+            fake,
+            Pipe(tool_resolver=resolver),
+            PYTHON_ENABLED=False,
+            CITATION_CHECK=False,
+        )
+        turn = await drive(pipe, QUESTION)
+    start = turn.text.index("<details>\n<summary>Export: ")
+    block = turn.text[start:]
+    # Open WebUI pairs the tags by plain search: the block's own close is the
+    # first "</details>" after it, at its very end.
+    assert block.lower().count("</details") == 1
+    assert block.endswith("</details>\n")
+    assert f"<{ZERO_WIDTH_SPACE}/details>" in block
+
+
+# -- the runner --
+
+
+@pytest.fixture
+def world() -> Any:
+
+    with FakeOpenAI() as model, FakeSearXNG() as engine, PageSite() as site:
+        yield World(model, engine, site)
+
+
+def test_ask_writes_the_chosen_formats_beside_its_output(
+    world: World, tmp_path: Path
+) -> None:
+    out = tmp_path / "answer.md"
+    done = world.run(
+        tmp_path,
+        "ask",
+        "research: photosynthesis",
+        "--output",
+        str(out),
+        "--export",
+        "bibtex,markdown",
+    )
+    assert done.returncode == 0, done.stderr
+    bib, report = tmp_path / "answer.sources.bib", tmp_path / "answer.report.md"
+    assert sorted(
+        p.name for p in tmp_path.iterdir() if p.name.startswith("answer.")
+    ) == [
+        "answer.md",
+        "answer.report.md",
+        "answer.sources.bib",
+    ]
+    entries = parse_string(bib.read_text("utf-8")).entries
+    assert [(e.key, e.fields_dict["url"].value) for e in entries] == [
+        ("ref1", world.article)
+    ]
+    assert report.read_text("utf-8").startswith(
+        "# Research report\n\n## Question\n\n> research: photosynthesis\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["--export", "bibtex"],
+            "--export writes beside the output: give --output FILE",
+        ),
+        (
+            ["--output", "x.md", "--export", "bibtex,docx"],
+            "--export: no export format 'docx': choose from bibtex, ris, csl-json, "
+            "markdown",
+        ),
+    ],
+)
+def test_ask_refuses_an_export_it_cannot_write(
+    tmp_path: Path, args: list[str], line: str
+) -> None:
+    done = subprocess.run(
+        [*command(), "ask", "why?", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == f"tongyi-deepresearch: {line}"
+
+
+def test_a_batch_writes_one_set_per_question_and_rollout(
+    world: World, tmp_path: Path
+) -> None:
+    source = tmp_path / "questions.jsonl"
+    source.write_text(
+        "\n".join(
+            json.dumps({"question": f"research: photosynthesis {i}"}) for i in (1, 2)
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "results.jsonl"
+    done = world.run(
+        tmp_path, "batch", str(source), "--output", str(out), "--export", "ris"
+    )
+    assert done.returncode == 0, done.stderr
+    written = sorted(p.name for p in (tmp_path / "results.jsonl.exports").iterdir())
+    assert written == ["line0001-r1.sources.ris", "line0002-r1.sources.ris"]
