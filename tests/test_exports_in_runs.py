@@ -18,7 +18,14 @@ import pytest
 import rispy
 from bibtexparser.entrypoint import parse_string
 
-from tests.fakes.chat import QUESTION, FakeSearchTools, Result, drive, make_pipe
+from tests.fakes.chat import (
+    QUESTION,
+    FakeSearchTools,
+    FakeVisitTools,
+    Result,
+    drive,
+    make_pipe,
+)
 from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
 from tests.fakes.pages import PageSite
 from tests.fakes.searxng import FakeSearXNG
@@ -247,3 +254,79 @@ def test_a_batch_writes_one_set_per_question_and_rollout(
     assert done.returncode == 0, done.stderr
     written = sorted(p.name for p in (tmp_path / "results.jsonl.exports").iterdir())
     assert written == ["line0001-r1.sources.ris", "line0002-r1.sources.ris"]
+
+
+class _Found(str):
+    """A scholar tool's result: its text, and the papers behind it."""
+
+    ok = True
+    sources = ()
+    papers: tuple = ()
+
+
+class ScholarThatFinds:
+    """The scholar tool's class: one paper, with its DOI, authors and venue."""
+
+    async def google_scholar(self, query: list[str], **_: Any) -> Any:
+        """One paper whatever the query."""
+        found = _Found(f"1. [Strain in graphene]({PAPER_URL})")
+        found.papers = (
+            {
+                "title": "Strain in graphene",
+                "url": PAPER_URL,
+                "pdf": "",
+                "authors": ["Zoë Łukasiewicz", "山田 太郎"],
+                "year": "2021",
+                "venue": "Physical Review B",
+                "doi": "10.1103/PhysRevB.1.2",
+            },
+        )
+        return found
+
+
+PAPER_URL = "https://journals.example/strain?id=7&lang=en"
+
+
+def _scholarly_research(body: dict[str, Any]) -> Reply:
+    turns = len(body["messages"])
+    if turns == 2:
+        return Reply(tool_call("google_scholar", {"query": ["graphene strain"]}))
+    if turns == 4:
+        return Reply(tool_call("visit", {"url": [PAPER_URL], "goal": "strain"}))
+    return Reply(answer(f"Strain shifts its bands [paper]({PAPER_URL})."))
+
+
+async def test_a_paper_the_scholar_tool_found_is_exported_as_an_article() -> None:
+    resolver = ToolResolver(
+        classes={
+            "search": FakeSearchTools,
+            "visit": FakeVisitTools,
+            "google_scholar": ScholarThatFinds,
+        }
+    )
+    with FakeOpenAI() as fake:
+        fake.respond_with(_scholarly_research)
+        pipe = make_pipe(
+            fake,
+            Pipe(tool_resolver=resolver),
+            PYTHON_ENABLED=False,
+            CITATION_CHECK=False,
+        )
+        turn = await drive(pipe, QUESTION)
+    block = _block(turn.text)
+    (entry,) = parse_string(block["BibTeX"]).entries
+    fields = {name: field.value for name, field in entry.fields_dict.items()}
+    assert (entry.entry_type, entry.key) == ("article", "ref1")
+    assert {k: fields[k] for k in ("doi", "year", "journal", "url")} == {
+        "doi": "10.1103/PhysRevB.1.2",
+        "year": "2021",
+        "journal": "Physical Review B",
+        "url": PAPER_URL,
+    }
+    (item,) = json.loads(block["CSL-JSON"])
+    assert (item["type"], item["DOI"], item["container-title"]) == (
+        "article-journal",
+        "10.1103/PhysRevB.1.2",
+        "Physical Review B",
+    )
+    assert item["author"] == [{"literal": "Zoë Łukasiewicz"}, {"literal": "山田 太郎"}]

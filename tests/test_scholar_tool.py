@@ -554,3 +554,47 @@ async def test_error_status(apis: FakeScholarly) -> None:
         "Please try again later."
     )
     assert events[-1]["data"] == {"description": text, "done": True}
+
+
+# --- the records behind the text (for the exports) -------------------------------
+
+
+async def test_each_paper_found_is_kept_with_its_doi_authors_and_venue(
+    apis: FakeScholarly,
+) -> None:
+    apis.openalex["transformers"] = [
+        openalex_work(
+            "Attention Is All You Need",
+            year=2017,
+            authors=("Ashish Vaswani", "Noam Shazeer"),
+            venue="NeurIPS",
+            landing="https://papers.example/attention",
+            doi="https://doi.org/10.5555/Attention.2017",
+        )
+    ]
+    result = await tool_for(apis).google_scholar(["transformers"])
+    assert result.papers == (
+        {
+            "title": "Attention Is All You Need",
+            "url": "https://papers.example/attention",
+            "pdf": "",
+            "authors": ["Ashish Vaswani", "Noam Shazeer"],
+            "year": "2017",
+            "venue": "NeurIPS",
+            "doi": "10.5555/Attention.2017",
+        },
+    )
+
+
+async def test_a_semantic_scholar_paper_s_doi_comes_from_its_external_ids(
+    apis: FakeScholarly,
+) -> None:
+    apis.s2["q"] = [s2_paper("BERT", doi="10.18653/v1/N19-1423")]
+    result = await tool_for(apis, BACKEND="semantic_scholar").google_scholar(["q"])
+    assert [paper["doi"] for paper in result.papers] == ["10.18653/v1/N19-1423"]
+
+
+async def test_a_doi_field_that_is_no_doi_is_left_out(apis: FakeScholarly) -> None:
+    apis.openalex["q"] = [openalex_work("T", doi="not a doi <script>")]
+    result = await tool_for(apis).google_scholar(["q"])
+    assert [paper["doi"] for paper in result.papers] == [""]

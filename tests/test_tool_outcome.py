@@ -18,11 +18,13 @@ from tests.fakes.events import Events
 from tests.fakes.pages import PageSite
 from tests.fakes.searxng import FakeSearXNG, Script, result
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
+    MAX_PAPERS,
     Toolbox,
     ToolContext,
+    outcome_of,
     page_read,
 )
-from tongyi_deepresearch_openwebui_pipeline.core.sources import PageRead
+from tongyi_deepresearch_openwebui_pipeline.core.sources import PageRead, Paper
 from tongyi_deepresearch_openwebui_pipeline.core.toolcalls import ToolCall
 from tongyi_deepresearch_openwebui_pipeline.tools import (
     scholar_tool,
@@ -300,3 +302,27 @@ async def test_sources_a_tool_only_emits_are_not_the_runs() -> None:
             "data": {"description": "Rollout 1/3 · Reading", "done": False},
         }
     ]
+
+
+def test_a_tools_papers_become_the_cores_records_within_caps() -> None:
+    class Found(str):
+        ok = True
+        papers: object = ()
+
+    good = {"url": "https://p.example/a", "title": "A", "authors": ["X", 3, " "]}
+    found = Found("text")
+    found.papers = [
+        good,
+        "not a record",
+        {"url": "javascript:alert(1)", "title": "no page"},
+        {"url": "https://p.example/" + "x" * 10_000, "title": "too long"},
+        {"url": "https://p.example/b", "title": ["not text"], "year": 2021},
+        *([good] * 1_000),
+    ]
+    outcome = outcome_of(found)
+    assert outcome.papers[:2] == (
+        Paper(url="https://p.example/a", title="A", authors=("X",)),
+        Paper(url="https://p.example/b"),
+    )
+    # The first MAX_PAPERS records are read, whatever else the tool sent.
+    assert len(outcome.papers) == MAX_PAPERS - 3

@@ -81,6 +81,7 @@ def s2_paper(
     cited: int = 0,
     abstract: str | None = None,
     url: str = "https://www.semanticscholar.org/paper/abc",
+    doi: str | None = None,
 ) -> dict[str, Any]:
     """One Semantic Scholar Graph API paper."""
     return {
@@ -93,7 +94,10 @@ def s2_paper(
         "authors": [{"authorId": str(i), "name": n} for i, n in enumerate(authors)],
         "citationCount": cited,
         "openAccessPdf": {"url": pdf, "status": "GREEN"} if pdf else None,
-        "externalIds": {"ArXiv": arxiv} if arxiv else {},
+        "externalIds": {
+            **({"ArXiv": arxiv} if arxiv else {}),
+            **({"DOI": doi} if doi else {}),
+        },
         "abstract": abstract,
     }
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from .citation_report import CitationReport
-from .sources import PageRead, Source
+from .sources import PageRead, Paper, Source
 from .toolcalls import ToolCall
 
 Termination = Literal[
@@ -139,6 +139,8 @@ class ToolOutcome:
     ok: bool = True
     pages: tuple[PageRead, ...] = ()
     counts: tuple[tuple[str, int], ...] = ()
+    #: Scholarly records a search found (for the exports).
+    papers: tuple[Paper, ...] = ()
 
 
 class ToolPort(Protocol):
@@ -225,6 +227,8 @@ class ToolCallFinished:
     ok: bool
     seconds: float
     pages: tuple[PageRead, ...] = ()
+    #: Scholarly records the call found (a renderer keeps them for exports).
+    papers: tuple[Paper, ...] = ()
     kind: str = "tool_finished"
 
 

@@ -730,6 +730,7 @@ class ResearchLoop:
                     outcome.ok,
                     seconds,
                     outcome.pages,
+                    outcome.papers,
                 )
             )
         return events

@@ -113,6 +113,27 @@ class PageRead:
         return list(dict.fromkeys(keys))
 
 
+@dataclass(frozen=True)
+class Paper:
+    """A scholarly record a search found: what an export needs to cite it.
+
+    The front end's adapter makes one from the scholar tool's result; a
+    source read at the paper's ``url`` (or ``pdf``) is exported as the paper.
+    """
+
+    url: str
+    title: str = ""
+    pdf: str = ""
+    authors: tuple[str, ...] = ()
+    year: str = ""
+    venue: str = ""
+    doi: str = ""
+
+    def addresses(self) -> list[str]:
+        """The comparison keys of every address the paper is read at."""
+        return [normalise_url(a) for a in (self.url, self.pdf) if is_page_url(a)]
+
+
 @dataclass
 class Source:
     """One page read in this run.

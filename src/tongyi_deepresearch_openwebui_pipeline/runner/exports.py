@@ -35,6 +35,7 @@ def exports_of(
         answer=outcome.answer,
         sources=outcome.sources,
         accessed=accessed,
+        papers=outcome.papers,
     )
 
 

@@ -38,8 +38,15 @@ from ..adapters.openwebui.valves import (
     shared_endpoints,
 )
 from ..core.checkpoint import CheckpointStore
-from ..core.events import RunEvent, RunFinished, WrappingUp
+from ..core.events import (
+    RolloutEvent,
+    RunEvent,
+    RunFinished,
+    ToolCallFinished,
+    WrappingUp,
+)
 from ..core.loop import Limits
+from ..core.sources import Paper
 from ..engine.runs import RunPlan
 from ..session.run_session import RunSession, open_session
 from .render import ToolStatus, plural
@@ -230,9 +237,13 @@ class Researcher:
         events = self.session.research(plan, tools_for, checkpointer=keeper)
         finished: RunFinished | None = None
         wrapped_up = ""
+        papers: dict[str, Paper] = {}
         async with contextlib.aclosing(events):
             async for event in events:
                 event = in_runner_words(event)  # noqa: PLW2901  (said our way)
+                called = event.event if isinstance(event, RolloutEvent) else event
+                if isinstance(called, ToolCallFinished):
+                    papers.update((p.url, p) for p in called.papers)
                 if isinstance(event, RunFinished):
                     finished = event
                 elif isinstance(event, WrappingUp):
@@ -249,6 +260,7 @@ class Researcher:
             messages=_messages(finished, plan),
             seconds=time.monotonic() - started,
             wrapped_up=wrapped_up,
+            papers=tuple(papers.values()),
         )
 
 

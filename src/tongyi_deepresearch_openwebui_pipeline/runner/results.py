@@ -46,7 +46,7 @@ from ..core.phrasing import (
     sources_list,
     stopped_note,
 )
-from ..core.sources import Source, SourceBook, rewrite_answer
+from ..core.sources import Paper, Source, SourceBook, rewrite_answer
 
 #: What ``json.dumps(ensure_ascii=False)`` leaves raw but a JSON line must not
 #: hold: DEL and the C1 controls (a terminal acts on them; U+0085 ends a line
@@ -104,6 +104,8 @@ class Outcome:
     #: The budget whose end made the run ask for the answer ("round_limit",
     #: "context_limit", "time_limit"), or "" when it never had to.
     wrapped_up: str = ""
+    #: The scholarly records the run's searches found (for the exports).
+    papers: tuple[Paper, ...] = ()
 
     @property
     def sources(self) -> tuple[Source, ...]:

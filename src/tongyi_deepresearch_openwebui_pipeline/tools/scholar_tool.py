@@ -1028,18 +1028,24 @@ class ToolResult(str):
 
     Open WebUI and the model see a plain string. The research pipe reads `ok`
     so a failed call shows as failed: the words alone cannot tell it (a page
-    may well begin with "Error"); and `sources`, the pages the call read, as
-    the `data` of Open WebUI source events, so it can number citations.
+    may well begin with "Error"); `sources`, the pages the call read, as the
+    `data` of Open WebUI source events, so it can number citations; and
+    `papers`, the scholarly records a search found (title, url, pdf,
+    authors, year, venue, doi), so a cited paper is exported as one.
     """
 
     ok: bool
     sources: tuple
+    papers: tuple
 
-    def __new__(cls, text: str, *, ok: bool, sources: tuple = ()) -> "ToolResult":
+    def __new__(
+        cls, text: str, *, ok: bool, sources: tuple = (), papers: tuple = ()
+    ) -> "ToolResult":
         """Wrap ``text``; ``ok`` is False when the call produced nothing usable."""
         result = super().__new__(cls, text)
         result.ok = ok
         result.sources = tuple(sources)
+        result.papers = tuple(papers)
         return result
 
 
@@ -1048,7 +1054,7 @@ class ToolResult(str):
 
 @dataclass
 class _Paper:
-    """One scholarly record, as the formatter needs it."""
+    """One scholarly record, as the formatter and the exports need it."""
 
     title: str
     pdf: str = ""
@@ -1057,6 +1063,21 @@ class _Paper:
     year: str = ""
     cited_by: int | None = None
     snippet: str = ""
+    authors: tuple[str, ...] = ()
+    venue: str = ""
+    doi: str = ""
+
+    def record(self) -> dict:
+        """What the research pipe keeps of it (`ToolResult.papers`)."""
+        return {
+            "title": self.title,
+            "url": self.page or self.pdf,
+            "pdf": self.pdf,
+            "authors": list(self.authors),
+            "year": self.year,
+            "venue": self.venue,
+            "doi": self.doi,
+        }
 
 
 @dataclass
@@ -1160,19 +1181,36 @@ def _paper(
     year: Any = None,
     cited: Any = None,
     abstract: Any = "",
+    doi: Any = "",
 ) -> _Paper:
     """A record from raw API values (any of them may be missing or malformed)."""
     year_text = _year(year)
     names = [_text(a) for a in authors or []]
+    venue_text = _shorten(venue, NAME_CHARS)
     return _Paper(
         title=_shorten(title, TITLE_CHARS),
         pdf=_link(pdf),
         page=_link(page),
-        info=_publication_info(names, _shorten(venue, NAME_CHARS), year_text),
+        info=_publication_info(names, venue_text, year_text),
         year=year_text,
         cited_by=_count(cited),
         snippet=_shorten(abstract),
+        authors=tuple(_shorten(a, NAME_CHARS) for a in names[:MAX_AUTHORS] if a),
+        venue=venue_text,
+        doi=_doi(doi),
     )
+
+
+#: Most authors a record keeps for its export (Google Scholar's line shows 3).
+MAX_AUTHORS = 50
+#: A DOI: "10." then a registrant code, "/", and a suffix without blanks.
+_DOI = re.compile(r"10\.\d{4,9}/\S{1,200}")
+
+
+def _doi(value: Any) -> str:
+    """A bare DOI from a DOI or its https://doi.org/ link ('' otherwise)."""
+    found = _DOI.search(_text(value)) if isinstance(value, str) else None
+    return found.group(0) if found else ""
 
 
 def _abstract(index: Any) -> str:
@@ -1303,6 +1341,7 @@ def _openalex_papers(data: Any, count: int) -> list[_Paper]:
             year=_dig(work, "publication_year"),
             cited=_dig(work, "cited_by_count"),
             abstract=_abstract(_dig(work, "abstract_inverted_index")),
+            doi=_dig(work, "doi"),
         )
         for work in _list(_dig(data, "results"))
     )
@@ -1330,6 +1369,7 @@ def _s2_paper(paper: Any) -> _Paper:
         year=_dig(paper, "year"),
         cited=_dig(paper, "citationCount"),
         abstract=_dig(paper, "abstract"),
+        doi=_dig(paper, "externalIds", "DOI"),
     )
 
 
@@ -1407,6 +1447,7 @@ def _arxiv_paper(entry: ET.Element) -> _Paper:
         venue=venue,
         year=entry.findtext("a:published", "", ATOM),
         abstract=entry.findtext("a:summary", "", ATOM),
+        doi=entry.findtext("arxiv:doi", "", ATOM),
     )
 
 
@@ -1622,7 +1663,10 @@ async def _google_scholar(
     text = SEPARATOR.join(outcome.text for outcome in outcomes)
     text += _skipped_note(skipped, limit) if skipped else ""
     # Some results are a success: the failed queries say so in the text.
-    return ToolResult(text, ok=not all(outcome.error for outcome in outcomes))
+    papers = tuple(paper.record() for outcome in outcomes for paper in outcome.papers)
+    return ToolResult(
+        text, ok=not all(outcome.error for outcome in outcomes), papers=papers
+    )
 
 
 async def _web(

@@ -66,18 +66,24 @@ class ToolResult(str):
 
     Open WebUI and the model see a plain string. The research pipe reads `ok`
     so a failed call shows as failed: the words alone cannot tell it (a page
-    may well begin with "Error"); and `sources`, the pages the call read, as
-    the `data` of Open WebUI source events, so it can number citations.
+    may well begin with "Error"); `sources`, the pages the call read, as the
+    `data` of Open WebUI source events, so it can number citations; and
+    `papers`, the scholarly records a search found (title, url, pdf,
+    authors, year, venue, doi), so a cited paper is exported as one.
     """
 
     ok: bool
     sources: tuple
+    papers: tuple
 
-    def __new__(cls, text: str, *, ok: bool, sources: tuple = ()) -> "ToolResult":
+    def __new__(
+        cls, text: str, *, ok: bool, sources: tuple = (), papers: tuple = ()
+    ) -> "ToolResult":
         """Wrap ``text``; ``ok`` is False when the call produced nothing usable."""
         result = super().__new__(cls, text)
         result.ok = ok
         result.sources = tuple(sources)
+        result.papers = tuple(papers)
         return result
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ...core.sources import Source
+from ...core.sources import Paper, Source
 from .bibtex import to_bibtex
 from .csl_json import to_csl_json
 from .records import ExportSource, Scholarly, export_sources
@@ -65,6 +65,19 @@ class ExportFile:
     text: str
 
 
+def scholarly_of(papers: Iterable[Paper]) -> dict[str, Scholarly]:
+    """What the scholar tool found, by each address a paper is read at."""
+    found: dict[str, Scholarly] = {}
+    for paper in papers:
+        record = Scholarly(
+            doi=paper.doi, authors=paper.authors, year=paper.year, venue=paper.venue
+        )
+        for address in (paper.url, paper.pdf):
+            if address:
+                found.setdefault(address, record)
+    return found
+
+
 def export_files(
     formats: Sequence[str],
     *,
@@ -72,14 +85,15 @@ def export_files(
     answer: str,
     sources: Iterable[Source],
     accessed: datetime.date,
-    scholarly: Mapping[str, Scholarly] | None = None,
+    papers: Iterable[Paper] = (),
 ) -> list[ExportFile]:
     """The chosen formats of one research, in `FORMATS` order.
 
     ``answer`` is the answer as shown, its citations numbered ``[n]`` as the
-    sources are.
+    sources are; a source read at a paper's address (``papers``: what the
+    scholar tool found) is exported as that paper.
     """
-    records = export_sources(sources, accessed, scholarly)
+    records = export_sources(sources, accessed, scholarly_of(papers))
     writers: dict[str, Callable[[list[ExportSource]], str]] = {
         "bibtex": to_bibtex,
         "ris": to_ris,

@@ -38,6 +38,7 @@ import datetime as dt
 import html
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -82,7 +83,13 @@ from ...core.phrasing import (
     tokens_text,
     unsupported_citations,
 )
-from ...core.sources import CitationRewriter, Source, SourceBook, rewrite_answer
+from ...core.sources import (
+    CitationRewriter,
+    Paper,
+    Source,
+    SourceBook,
+    rewrite_answer,
+)
 from ..export.bundle import export_files, fenced
 from .catalog import describe_call
 from .emitter import notification_payload, status_payload
@@ -338,7 +345,12 @@ class Exports:
     accessed: dt.date
 
 
-def export_block(exports: Exports, answer: str, sources: list[Source]) -> str:
+def export_block(
+    exports: Exports,
+    answer: str,
+    sources: list[Source],
+    papers: Iterable[Paper] = (),
+) -> str:
     """The collapsed block under the answer with each chosen format to copy."""
     files = export_files(
         exports.formats,
@@ -346,6 +358,7 @@ def export_block(exports: Exports, answer: str, sources: list[Source]) -> str:
         answer=answer,
         sources=sources,
         accessed=exports.accessed,
+        papers=papers,
     )
     if not files:
         return ""
@@ -384,6 +397,7 @@ class ChatRenderer:
         status_prefix: str = "",
         nested: bool = False,
         exports: Exports | None = None,
+        papers: dict[str, Paper] | None = None,
     ) -> None:
         """Render one run, citing the sources its events tell of.
 
@@ -395,6 +409,8 @@ class ChatRenderer:
         """
         self.book = SourceBook() if book is None else book
         self.exports = exports
+        #: The scholarly records found, by URL (shared like the book).
+        self.papers: dict[str, Paper] = {} if papers is None else papers
         self.display = display
         self.status_prefix = status_prefix
         self._payloads: list[dict[str, Any]] = []
@@ -509,6 +525,8 @@ class ChatRenderer:
                 text += consolidation_card(event)
             return text
         if isinstance(event, ToolCallFinished):
+            for paper in event.papers:
+                self.papers.setdefault(paper.url, paper)
             text = self._close_think()
             if self.display.tool_cards:
                 card_id = f"call_{self.card_scope}{self._round}_{event.index}"
@@ -611,7 +629,9 @@ class ChatRenderer:
             )
         if self.exports is not None and self.book.sources:
             shown = rewrite_answer(event.answer, self.book) if event.answer else ""
-            out += export_block(self.exports, shown, self.book.sources)
+            out += export_block(
+                self.exports, shown, self.book.sources, self.papers.values()
+            )
         usage = tokens_text(
             event.stats.prompt_tokens, event.stats.completion_tokens, event.stats.cost
         )
@@ -666,8 +686,11 @@ class HeavyRenderer:
     def __init__(self, display: Display, exports: Exports | None = None) -> None:
         """Render a heavy run; its rollouts and synthesis cite from one book."""
         self.book = SourceBook()
+        self.papers: dict[str, Paper] = {}
         self.display = display
-        self.main = ChatRenderer(display, book=self.book, exports=exports)
+        self.main = ChatRenderer(
+            display, book=self.book, exports=exports, papers=self.papers
+        )
         self._rollouts: dict[int, ChatRenderer] = {}
         self._shown: dict[int, list[str]] = {}
 
@@ -691,6 +714,7 @@ class HeavyRenderer:
                 book=self.book,
                 status_prefix=f"Rollout {rollout}/{rollouts} · ",
                 nested=True,
+                papers=self.papers,
             )
             self._shown[rollout] = []
         return self._rollouts[rollout]

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ...core.events import ToolOutcome
-from ...core.sources import PageRead, is_page_url
+from ...core.sources import PageRead, Paper, is_page_url
 from ...core.toolcalls import SCHEMAS, CallError, ToolCall, check_arguments
 from .. import secrets
 from .catalog import CATALOG, call_tallies, tool_modules, tool_named
@@ -260,10 +260,10 @@ class Toolbox:
         # The model may add arguments the tool does not take; drop them.
         arguments = {k: v for k, v in call.arguments.items() if k in accepted}
         kwargs = {name: reserved[name] for name in spec.reserved if name in accepted}
-        return _outcome(await method(**arguments, **kwargs))
+        return outcome_of(await method(**arguments, **kwargs))
 
 
-def _outcome(result: Any) -> ToolOutcome:
+def outcome_of(result: Any) -> ToolOutcome:
     """What a tool returned, judged by the tool itself.
 
     Our tools return a `str` that carries ``ok`` and ``sources`` (their
@@ -273,6 +273,7 @@ def _outcome(result: Any) -> ToolOutcome:
     """
     ok = getattr(result, "ok", True)
     sources = getattr(result, "sources", ())
+    papers = getattr(result, "papers", ())
     text = str.__str__(result) if isinstance(result, str) else str(result)
     return ToolOutcome(
         text,
@@ -282,7 +283,51 @@ def _outcome(result: Any) -> ToolOutcome:
             for source in (sources if isinstance(sources, tuple | list) else ())
             if (page := page_read(source)) is not None
         ),
+        papers=tuple(
+            paper
+            for record in (papers if isinstance(papers, tuple | list) else ())[
+                :MAX_PAPERS
+            ]
+            if (paper := paper_found(record)) is not None
+        ),
     )
+
+
+#: Most scholarly records kept of one call (a scholar call finds ~10 a query).
+MAX_PAPERS = 200
+#: Longest text kept of a record's field.
+PAPER_FIELD_CHARS = 1000
+#: Most authors kept of a record.
+PAPER_AUTHORS = 50
+
+
+def paper_found(data: Any) -> Paper | None:
+    """A scholarly record from the scholar tool's ``papers`` (None: no page URL)."""
+    if not isinstance(data, Mapping):
+        return None
+    url = _text(data.get("url"))
+    if len(url) > PAPER_FIELD_CHARS * 4 or not is_page_url(url):
+        return None
+    authors = data.get("authors")
+    return Paper(
+        url=url,
+        title=_field(data.get("title")),
+        pdf=_text(data.get("pdf")) if is_page_url(_text(data.get("pdf"))) else "",
+        authors=tuple(
+            _field(name)
+            for name in (authors if isinstance(authors, list | tuple) else ())[
+                :PAPER_AUTHORS
+            ]
+            if isinstance(name, str) and name.strip()
+        ),
+        year=_field(data.get("year"))[:32],
+        venue=_field(data.get("venue")),
+        doi=_field(data.get("doi"))[:256],
+    )
+
+
+def _field(value: Any) -> str:
+    return value[:PAPER_FIELD_CHARS] if isinstance(value, str) else ""
 
 
 def page_read(data: Any) -> PageRead | None:
