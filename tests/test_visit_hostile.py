@@ -185,7 +185,10 @@ async def test_a_hostile_page_costs_its_timeout_at_most_and_leaves_nothing(
         PAGE_TIMEOUT_SECONDS=PAGE_TIMEOUT,
         URL_TIMEOUT_SECONDS=120,
     )
-    await tool.visit(url=[site.url("/fine")], goal="warm up")  # TLS context, worker
+    # TLS context and a warm worker, with all the time a busy machine needs to
+    # start one (the hostile page's own short timeout would kill a slow start).
+    warm_up = make_tool(vt._Seams(converter=converter), PAGE_TIMEOUT_SECONDS=120)
+    await warm_up.visit(url=[site.url("/fine")], goal="warm up")
     (warm,) = converter.idle  # the worker the hostile page goes to
     threads_before = threading.active_count()
     children_before = child_pids()

@@ -746,6 +746,15 @@ class _Calls:
     max_tokens: int
     tally: _Tally = field(default_factory=_Tally)
 
+    @property
+    def reply_cap(self) -> int:
+        """Most characters read of a reply.
+
+        Its thinking (inline, at most ``max_tokens`` of ~8 characters), then
+        `MAX_REPLY_CHARS` of verdict.
+        """
+        return 8 * self.max_tokens + MAX_REPLY_CHARS
+
 
 async def check_citations(
     statements: Sequence[CitedStatement],
@@ -853,8 +862,8 @@ async def _ask(messages: list[dict[str, str]], calls: _Calls) -> Verdict:
             if isinstance(chunk, ModelDelta) and chunk.content:
                 parts.append(chunk.content)
                 size += len(chunk.content)
-                if size >= MAX_REPLY_CHARS:
-                    break  # enough to hold any verdict: stop the reply here
+                if size >= calls.reply_cap:
+                    break  # room for its thinking and any verdict: stop here
             elif isinstance(chunk, ModelRetry):
                 parts, size = [], 0
             elif isinstance(chunk, ModelUsage):

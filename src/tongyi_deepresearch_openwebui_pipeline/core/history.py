@@ -153,7 +153,9 @@ def _details_tags(text: _Text) -> Iterator[tuple[int, int, bool]]:
 
 def clean_assistant_text(text: str, count_work: WorkCounter = _uncounted) -> str:
     """An earlier assistant message without UI markup or thinking."""
-    text = text.rpartition(RESTART_NOTE)[2]
+    # As the renderer frames it, on its own lines: a quote of the words inside
+    # a note (a check's reason, a page title) is not a restart.
+    text = text.rpartition(f"\n\n{RESTART_NOTE}\n\n")[2]
     text = strip_details(text, count_work)
     text = _THINK.sub("", text)
     text = re.sub(r"\n{3,}", "\n\n", text)

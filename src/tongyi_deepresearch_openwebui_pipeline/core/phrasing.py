@@ -72,9 +72,20 @@ _URL_UNSAFE = re.compile(r"[\s()<>\[\]\"'`\\]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
+#: A zero-width space after every "<" and "◁": Open WebUI looks for its
+#: reasoning and block tags (``<think>``, ``◁think▷``, ``<details``) in the
+#: raw text, escaped or not.
+_TAG_STARTS = str.maketrans({"<": "<\u200b", "◁": "◁\u200b"})
+
+
 def markdown_text(text: str) -> str:
-    """``text`` shown literally inside Markdown (link text included)."""
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", _CONTROL.sub("", text))
+    """``text`` shown literally inside Markdown (link text included).
+
+    Markup is escaped, and no tag Open WebUI reads in the raw text (a
+    reasoning block's, a ``<details>``) can open or close there.
+    """
+    escaped = _MARKDOWN_SPECIAL.sub(r"\\\1", _CONTROL.sub("", text))
+    return escaped.translate(_TAG_STARTS)
 
 
 def markdown_url(url: str) -> str:

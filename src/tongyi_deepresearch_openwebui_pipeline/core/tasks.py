@@ -126,4 +126,4 @@ async def plain_model_reply(
 
 def final_reply_text(pieces: Sequence[str]) -> str:
     """A whole run's output as one reply, without a false start cut off mid-way."""
-    return "".join(pieces).rpartition(RESTART_NOTE)[2].strip()
+    return "".join(pieces).rpartition(f"\n\n{RESTART_NOTE}\n\n")[2].strip()

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
 
 from ..core.citation_check import (
@@ -49,15 +48,17 @@ class CitationCheck:
 async def with_citations_checked(
     events: AsyncGenerator[RunEvent, None],
     check: CitationCheck | None,
-    seconds_left: Callable[[], float],
+    run_seconds: float,
 ) -> AsyncGenerator[RunEvent, None]:
     """``events``, with the answer's citations checked before `RunFinished`.
 
     Args:
         events: A run's events (single or Heavy), ending with `RunFinished`.
         check: How to check (None: the events pass unchanged).
-        seconds_left: What remains of the run's time limit now; the check
-            ends by then (and within its own `CitationCheck.max_seconds`).
+        run_seconds: The run's whole time (its limit and the wrap-up's
+            grace); the check ends when the run has spent it (its figures
+            count the time before a resume too), and within its own
+            `CitationCheck.max_seconds`.
     """
     async with contextlib.aclosing(events):
         async for event in events:
@@ -68,14 +69,15 @@ async def with_citations_checked(
             ):
                 yield event
             else:
-                checking = _checking(event, check, seconds_left)
+                left = run_seconds - event.stats.seconds
+                checking = _checking(event, check, left)
                 async with contextlib.aclosing(checking):
                     async for said in checking:
                         yield said
 
 
 async def _checking(
-    finished: RunFinished, check: CitationCheck, seconds_left: Callable[[], float]
+    finished: RunFinished, check: CitationCheck, seconds_left: float
 ) -> AsyncGenerator[RunEvent, None]:
     """`CitationsChecking`, then ``finished`` with the check's report."""
     # Linear, but a long hostile answer takes seconds: off the event loop.
@@ -87,7 +89,7 @@ async def _checking(
         yield replace(finished, citations=CitationReport(skipped=scan.skipped))
         return
     yield CitationsChecking(len(scan.statements))
-    seconds = max(0.0, min(check.max_seconds, seconds_left()))
+    seconds = max(0.0, min(check.max_seconds, seconds_left))
     report = await check_citations(
         scan.statements,
         {source.number: source for source in finished.sources},
@@ -98,11 +100,3 @@ async def _checking(
         skipped=scan.skipped,
     )
     yield replace(finished, citations=report)
-
-
-def time_left(
-    max_seconds: float, clock: Callable[[], float] = time.monotonic
-) -> Callable[[], float]:
-    """A `seconds_left` for a run of ``max_seconds`` that starts now."""
-    started = clock()
-    return lambda: max_seconds - (clock() - started)

@@ -63,6 +63,7 @@ from ..adapters.openwebui.valves import (
     with_user_caps,
 )
 from ..core.checkpoint import CheckpointStore
+from ..core.events import RunFinished
 from ..core.history import remove_injected_context, split_conversation
 from ..core.tasks import (
     final_reply_text,
@@ -379,12 +380,19 @@ class Pipe:
                 plan,
                 tools_for,
                 checkpointer=keeper,
-                check_citations=mine.CITATION_CHECK,
+                # An API caller's reply comes whole: the check would delay it.
+                check_citations=mine.CITATION_CHECK and _streamed(body),
             )
             try:
                 async with contextlib.aclosing(events):
                     async for event in events:
-                        rendered = renderer.render(event)
+                        # The end rewrites the whole answer (and writes the
+                        # exports): linear, but seconds for a long one.
+                        rendered = (
+                            await asyncio.to_thread(renderer.render, event)
+                            if isinstance(event, RunFinished)
+                            else renderer.render(event)
+                        )
                         for payload in rendered.events:
                             await emit(payload)
                         # A reasoning block's end goes alone: Open WebUI

@@ -65,7 +65,14 @@ from .batch import (
     run_batch,
     too_long,
 )
-from .exports import ask_base, batch_base, batch_directory, exports_of, write_exports
+from .exports import (
+    ask_base,
+    batch_base,
+    batch_directory,
+    export_paths,
+    exports_of,
+    write_exports,
+)
 from .render import (
     Progress,
     TerminalRenderer,
@@ -322,14 +329,42 @@ def _export_formats(args: argparse.Namespace) -> tuple[str, ...]:
         raise RunnerError(f"--export: {error}", code=2) from None
 
 
-async def _ask(args: argparse.Namespace, settings: Settings) -> int:
-    if lone_surrogate(args.question) is not None:  # bytes argv could not decode
-        raise RunnerError("the question is not UTF-8 text", code=2)
+def _ask_export_formats(args: argparse.Namespace) -> tuple[str, ...]:
+    """``ask``'s export formats, their files checked before any research."""
     formats = _export_formats(args)
-    if formats and not args.output:
+    if not formats:
+        return formats
+    if not args.output:
         raise RunnerError(
             "--export writes beside the output: give --output FILE", code=2
         )
+    if args.output.exists() and not args.output.is_file():
+        raise RunnerError(
+            f"--export writes beside the output: {args.output} is not a file",
+            code=2,
+        )
+    for path in export_paths(formats, ask_base(args.output)):
+        _check_output(path, read_back=True)
+    return formats
+
+
+def _write_ask_exports(
+    outcome: Outcome, formats: tuple[str, ...], output: Path
+) -> None:
+    if not formats:
+        return
+    files = exports_of(outcome, formats, _today())
+    try:
+        written = write_exports(files, ask_base(output))
+    except OSError as error:
+        raise _cannot_write(output.parent, error) from None
+    _say("Wrote " + ", ".join(str(path) for path in written))
+
+
+async def _ask(args: argparse.Namespace, settings: Settings) -> int:
+    if lone_surrogate(args.question) is not None:  # bytes argv could not decode
+        raise RunnerError("the question is not UTF-8 text", code=2)
+    formats = _ask_export_formats(args)
     if args.output:
         _check_output(args.output, read_back=False)
     renderer = TerminalRenderer(thinking=args.thinking)
@@ -362,13 +397,7 @@ async def _ask(args: argparse.Namespace, settings: Settings) -> int:
             _print_result(text, args.quiet)
             raise _cannot_write(args.output, error) from None
         _say(f"Wrote {args.output}")
-        if formats:
-            files = exports_of(outcome, formats, _today())
-            try:
-                written = write_exports(files, ask_base(args.output))
-            except OSError as error:
-                raise _cannot_write(args.output.parent, error) from None
-            _say("Wrote " + ", ".join(str(path) for path in written))
+        _write_ask_exports(outcome, formats, args.output)
     else:
         _print_result(text, args.quiet)
     if checkpoints is not None:  # the run ended: nothing is left to resume
@@ -550,6 +579,11 @@ async def _batch(args: argparse.Namespace, settings: Settings) -> int:
     state = BatchState(total=len(plan.jobs) + plan.skipped, skipped=plan.skipped)
     checkpoints = checkpoint_store(args.output, args.output_dir, settings)
     exports_dir = batch_directory(args.output, args.output_dir)
+    if formats:  # a place for them, before any research
+        try:
+            exports_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise _cannot_write(exports_dir, error) from None
     if plan.skipped:
         _say(f"Resuming: {plan.skipped} records already in {plan.where}.")
 
@@ -569,7 +603,13 @@ async def _batch(args: argparse.Namespace, settings: Settings) -> int:
                 if formats and outcome.finished.reason != "error":
                     base = batch_base(exports_dir, job.question.line, job.rollout_id)
                     files = exports_of(outcome, formats, _today())
-                    await asyncio.to_thread(write_exports, files, base)
+                    try:
+                        await asyncio.to_thread(write_exports, files, base)
+                    except OSError as error:  # the research is kept all the same
+                        _say(
+                            f"Exports of line {job.question.line} not written: "
+                            f"{type(error).__name__}: {error.strerror or error}"
+                        )
                 return outcome
 
             with contextlib.ExitStack() as files:

@@ -57,12 +57,17 @@ def batch_base(directory: Path, line: int, rollout: int) -> Path:
     return directory / f"line{line:04d}-r{rollout}"
 
 
+def export_paths(formats: tuple[str, ...], base: Path) -> list[Path]:
+    """Where the files of ``formats`` go beside ``base``."""
+    return [base.with_name(base.name + _ENDINGS[name]) for name in formats]
+
+
 def write_exports(files: list[ExportFile], base: Path) -> list[Path]:
     """Write each file beside ``base`` (its directory made); the paths written."""
     base.parent.mkdir(parents=True, exist_ok=True)
     written = []
     for file in files:
-        path = base.with_name(base.name + _ENDINGS[file.format.name])
+        (path,) = export_paths((file.format.name,), base)
         path.write_text(file.text, encoding="utf-8")
         written.append(path)
     return written

@@ -41,7 +41,7 @@ from ..core.loop import Limits
 from ..core.prompts import system_prompt_with
 from ..core.sources import SourceLedger
 from ..engine.checkpoints import Checkpointer, RunKey
-from ..engine.citations import CitationCheck, time_left, with_citations_checked
+from ..engine.citations import CitationCheck, with_citations_checked
 from ..engine.runs import HeavySettings, RunPlan, research
 
 #: Waits the given number of seconds (between a model server's retries).
@@ -209,8 +209,9 @@ class RunSession:
         )
         limits = plan.limits
         # Within the run's own time: its limit and the wrap-up's grace.
-        left = time_left(limits.max_seconds + limits.wrap_up_seconds)
-        return with_citations_checked(events, check, left)
+        return with_citations_checked(
+            events, check, limits.max_seconds + limits.wrap_up_seconds
+        )
 
 
 @contextlib.asynccontextmanager

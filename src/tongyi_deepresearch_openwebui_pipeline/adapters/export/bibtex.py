@@ -48,6 +48,9 @@ LATEX_SPECIALS = {
     "_": r"\_",
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
+    # Text-mode "<" and ">" print as other glyphs in LaTeX's default encoding.
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
 }
 _LATEX = str.maketrans(LATEX_SPECIALS)
 #: "and" as a word: BibTeX splits an author list there, in any case.

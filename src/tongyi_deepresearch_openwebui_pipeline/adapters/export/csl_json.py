@@ -65,4 +65,6 @@ def to_csl_json(sources: Iterable[ExportSource]) -> str:
         The JSON text (UTF-8 characters as they are), ending in a newline.
     """
     items = [csl_item(source) for source in in_citation_order(sources)]
-    return json.dumps(items, ensure_ascii=False, indent=2) + "\n"
+    text = json.dumps(items, ensure_ascii=False, indent=2)
+    # The same JSON values, with no "<" or "◁" a chat could read as a tag.
+    return text.replace("<", "\\u003c").replace("◁", "\\u25c1") + "\n"

@@ -324,15 +324,6 @@ def summary_block(
     )
 
 
-#: Open WebUI pairs ``<details`` and ``</details>`` by plain search, code
-#: fences or not: a page title holding one would end the export block early.
-_DETAILS_TAG = re.compile(r"<(/?details)", re.IGNORECASE)
-
-
-def _defused_tag(match: re.Match[str]) -> str:
-    return "<" + ZERO_WIDTH_SPACE + match.group(1)
-
-
 @dataclass(frozen=True)
 class Exports:
     """What a chat's answer offers to take elsewhere (`adapters.export`)."""
@@ -365,7 +356,7 @@ def export_block(
     labels = " · ".join(file.format.label for file in files)
     parts = "\n\n".join(
         f"**{file.format.label}** (`{file.format.suffix}`)\n\n"
-        + fenced(_DETAILS_TAG.sub(_defused_tag, file.text), file.format.language)
+        + fenced(defuse_reasoning(file.text), file.format.language)
         for file in files
     )
     return (
@@ -627,7 +618,7 @@ class ChatRenderer:
                 rollouts=event.rollouts,
                 citations=event.citations.summary_line() if event.citations else "",
             )
-        if self.exports is not None and self.book.sources:
+        if self.exports is not None and self.exports.formats and self.book.sources:
             shown = rewrite_answer(event.answer, self.book) if event.answer else ""
             out += export_block(
                 self.exports, shown, self.book.sources, self.papers.values()

@@ -312,7 +312,10 @@ def paper_found(data: Any) -> Paper | None:
     return Paper(
         url=url,
         title=_field(data.get("title")),
-        pdf=_text(data.get("pdf")) if is_page_url(_text(data.get("pdf"))) else "",
+        pdf=pdf
+        if len(pdf := _text(data.get("pdf"))) <= PAPER_FIELD_CHARS * 4
+        and is_page_url(pdf)
+        else "",
         authors=tuple(
             _field(name)
             for name in (authors if isinstance(authors, list | tuple) else ())[

@@ -314,6 +314,7 @@ class BaseValves(BaseModel):
     )
     EXPORT_FORMATS: str = Field(
         default="bibtex,ris,csl-json,markdown",
+        max_length=100,
         description=(
             "What an answer offers to take elsewhere, in a collapsed block under "
             "it: any of bibtex, ris, csl-json, markdown (a report), "
@@ -411,6 +412,7 @@ class UserValves(BaseModel):
     )
     EXPORT_FORMATS: str = Field(
         default="",
+        max_length=100,
         description=(
             "Your export formats (of bibtex, ris, csl-json, markdown; empty: the "
             "administrator's; none: no export block)."
