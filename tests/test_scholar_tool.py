@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tongyi_deepresearch_openwebui_pipeline.tools.scholar_tool import Tools
+from tongyi_deepresearch_openwebui_pipeline.tools.scholar_tool import ToolResult, Tools
 
 from .fakes.events import Events
 from .fakes.http import Response
@@ -573,6 +573,7 @@ async def test_each_paper_found_is_kept_with_its_doi_authors_and_venue(
         )
     ]
     result = await tool_for(apis).google_scholar(["transformers"])
+    assert isinstance(result, ToolResult)
     assert result.papers == (
         {
             "title": "Attention Is All You Need",
@@ -591,10 +592,12 @@ async def test_a_semantic_scholar_paper_s_doi_comes_from_its_external_ids(
 ) -> None:
     apis.s2["q"] = [s2_paper("BERT", doi="10.18653/v1/N19-1423")]
     result = await tool_for(apis, BACKEND="semantic_scholar").google_scholar(["q"])
+    assert isinstance(result, ToolResult)
     assert [paper["doi"] for paper in result.papers] == ["10.18653/v1/N19-1423"]
 
 
 async def test_a_doi_field_that_is_no_doi_is_left_out(apis: FakeScholarly) -> None:
     apis.openalex["q"] = [openalex_work("T", doi="not a doi <script>")]
     result = await tool_for(apis).google_scholar(["q"])
+    assert isinstance(result, ToolResult)
     assert [paper["doi"] for paper in result.papers] == [""]
