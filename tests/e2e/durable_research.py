@@ -9,7 +9,10 @@ same script and ask the same way:
   answers citing every page whose URL is in the conversation it was sent (a
   resumed run that lost earlier rounds would cite fewer). The first request
   for round `hold_round` is held until the test has killed Open WebUI. Every
-  request is recorded with the phase of the test it came in.
+  request is recorded with the phase of the test it came in. The citation
+  check's verdict calls about the answer (told apart by their system
+  message) are no research requests: each is recorded apart with the page
+  whose evidence it quotes, and finds the statement supported.
 - `ask_in_new_chat` and `regenerate` send what the browser sends for a new
   saved chat and for Regenerate, on each Open WebUI version.
 """
@@ -31,6 +34,7 @@ from .owui import (
     PIPE_MODEL_ID,
     Api,
     create_chat,
+    is_verdict_request,
     post_ui_chat,
     server_creates_chats,
     turn_of,
@@ -41,6 +45,8 @@ QUESTION = "Which property does each of the durable items have?"
 #: Pages read, one a round; the round after them answers.
 PAGES = 6
 _PAGE = re.compile(r"/count/[a-z]+-(\d+)")
+#: The extractor's evidence for a page (`DurableResearch._extraction`).
+_EVIDENCE = re.compile(r"<evidence>\nItem (\d+) has property P\1\.")
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,8 @@ class DurableResearch:
         self.research: list[ResearchRequest] = []
         #: (phase, page) of each extractor call of the visit tool.
         self.extractions: list[tuple[str, int]] = []
+        #: (phase, page whose evidence it quotes) of each verdict call.
+        self.verdicts: list[tuple[str, int]] = []
         #: Set when the request for round `hold_round` arrived.
         self.held = threading.Event()
         self.release = threading.Event()
@@ -99,6 +107,11 @@ class DurableResearch:
         messages = body["messages"]
         if not body.get("stream"):
             return self._extraction(str(messages[-1]["content"]))
+        if is_verdict_request(body):
+            found = _EVIDENCE.search(str(messages[-1]["content"]))
+            with self._lock:
+                self.verdicts.append((self.phase, int(found[1]) if found else 0))
+            return Reply("SUPPORTED\nThe notes give the item's property.")
         turn = turn_of(body)
         with self._lock:
             self.research.append(ResearchRequest(self.phase, turn, messages))
@@ -151,6 +164,10 @@ class DurableResearch:
     def pages_read(self, phase: str) -> list[int]:
         """The pages the extractor read in ``phase``, in order."""
         return [page for p, page in self.extractions if p == phase]
+
+    def pages_checked(self, phase: str) -> list[int]:
+        """The pages whose evidence the verdict calls of ``phase`` quoted, sorted."""
+        return sorted(page for p, page in self.verdicts if p == phase)
 
 
 def difference(after: list[int], before: list[int]) -> list[int]:

@@ -7,10 +7,12 @@
 - `Api` is a small REST client (admin token) for the calls the tests make.
 - `stream_chat` runs an inline streamed chat (``POST /api/chat/completions``),
   `ui_chat` runs a chat the way the browser does (socket.io session, chat
-  saved server side) and reads it back.
+  saved server side) and reads it back; `started_ui_chat` starts one and
+  lets the test act while it runs (Stop it: `LiveChat.stop`).
 - `ScriptedModel` routes the fake model server's requests: research turns by
   conversation (a key in the question) and turn number, the visit tool's
-  extractor calls (non-streaming) to a separate answer.
+  extractor calls (non-streaming) to a separate answer, the citation check's
+  verdict calls (told apart by their system message) to another.
 - ``search_block`` / ``visit_block`` / ``tool_response`` write the reference
   tool output formats (tongyi-protocol.md §3), to compare with what the model
   received.
@@ -35,7 +37,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -45,6 +47,9 @@ import httpx
 import socketio
 
 from tests.fakes.openai_server import FakeOpenAI, Reply
+from tongyi_deepresearch_openwebui_pipeline.core.citation_check import (
+    VERDICT_SYSTEM_PROMPT,
+)
 from tongyi_deepresearch_openwebui_pipeline.core.parallelmuse import (
     CONVERGE_SYSTEM_PROMPT,
 )
@@ -580,7 +585,48 @@ def output_texts(message: Mapping[str, Any], kind: str) -> list[str]:
     ]
 
 
-async def ui_chat(
+@dataclass
+class LiveChat:
+    """A UI chat in progress (`started_ui_chat`): where it runs, what it sent."""
+
+    api: Api
+    chat_id: str
+    message_id: str
+    events: list[dict[str, Any]]
+    #: The final ``chat:completion`` (``done: true``) arrived.
+    finished: asyncio.Event
+    #: Open WebUI said the chat's task was cancelled (``chat:tasks:cancel``).
+    cancelled: asyncio.Event
+
+    async def task_ids(self) -> list[str]:
+        """The chat's running tasks (``GET /api/tasks/chat/{chat_id}``)."""
+        answer = await asyncio.to_thread(
+            self.api.get, f"/api/tasks/chat/{self.chat_id}"
+        )
+        return [str(task) for task in answer["task_ids"]]
+
+    async def stop(self) -> None:
+        """Press Stop, as this version's web UI does.
+
+        0.11+ stop the chat (``POST /api/tasks/chat/{chat_id}/stop``); 0.6
+        and 0.8 stop each of its tasks (``POST /api/tasks/stop/{task_id}``).
+        """
+        if owui_version_tuple() >= (0, 11):
+            path = f"/api/tasks/chat/{self.chat_id}/stop"
+            answer = await asyncio.to_thread(self.api.post, path)
+            assert answer.get("status") is True, answer
+            return
+        task_ids = await self.task_ids()
+        assert task_ids, "no task of the chat to stop"
+        for task_id in task_ids:
+            answer = await asyncio.to_thread(
+                self.api.post, f"/api/tasks/stop/{task_id}"
+            )
+            assert answer.get("status") is True, answer
+
+
+@contextlib.asynccontextmanager
+async def started_ui_chat(
     api: Api,
     question: str,
     model: str = PIPE_MODEL_ID,
@@ -588,31 +634,35 @@ async def ui_chat(
     *,
     socket_url: str | None = None,
     extra: Mapping[str, Any] | None = None,
-) -> UiChat:
-    """Run a new chat over a socket.io session, as the web UI does.
+) -> AsyncIterator[LiveChat]:
+    """Start a new chat over a socket.io session, as the web UI does.
 
     The server saves the chat, streams events to the session and writes the
-    assistant message when done; the chat is then read back over REST.
-    ``socket_url`` is where the session connects (default: ``api``'s server;
-    another replica of a scaled deployment works the same way). ``extra``
-    are more fields of the request, as the chat input adds them (the tools
-    selected in it: ``tool_ids``; the prompt variables: ``variables``).
+    assistant message when done. Yields once the server runs the chat (its
+    task started), with the session open until the block ends. ``socket_url``
+    is where the session connects (default: ``api``'s server; another
+    replica of a scaled deployment works the same way). ``extra`` are more
+    fields of the request, as the chat input adds them (the tools selected
+    in it: ``tool_ids``; the prompt variables: ``variables``).
     """
     events: list[dict[str, Any]] = []
     message_id = str(uuid.uuid4())
     finished = asyncio.Event()
+    cancelled = asyncio.Event()
 
     sio = socketio.AsyncClient(reconnection=False)
 
     async def on_event(data: dict[str, Any]) -> None:
         events.append(data)
         payload = data.get("data") or {}
-        if (
-            data.get("message_id") == message_id
-            and payload.get("type") == "chat:completion"
-            and (payload.get("data") or {}).get("done")
-        ):
-            finished.set()
+        if data.get("message_id") != message_id:
+            return
+        if payload.get("type") == "chat:tasks:cancel":
+            cancelled.set()
+        if payload.get("type") == "chat:completion":
+            update = payload.get("data")
+            if isinstance(update, dict) and update.get("done"):
+                finished.set()
 
     sio.on("events", on_event)
     await sio.connect(
@@ -654,11 +704,29 @@ async def ui_chat(
             }
         answer = await post_ui_chat(api.base_url, api.token, body, timeout, "UI chat")
         chat_id = chat_id or answer["chat_id"]
-        await asyncio.wait_for(finished.wait(), timeout)
-        chat = await saved_chat(api, chat_id, message_id, timeout=20)
+        yield LiveChat(api, chat_id, message_id, events, finished, cancelled)
     finally:
         await sio.disconnect()
-    return UiChat(chat_id, message_id, events, chat, finished.is_set())
+
+
+async def ui_chat(
+    api: Api,
+    question: str,
+    model: str = PIPE_MODEL_ID,
+    timeout: float = 120.0,
+    *,
+    socket_url: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> UiChat:
+    """Run a new chat as the web UI does (`started_ui_chat`) and read it back."""
+    async with started_ui_chat(
+        api, question, model, timeout, socket_url=socket_url, extra=extra
+    ) as live:
+        await asyncio.wait_for(live.finished.wait(), timeout)
+        chat = await saved_chat(api, live.chat_id, live.message_id, timeout=20)
+    return UiChat(
+        live.chat_id, live.message_id, live.events, chat, live.finished.is_set()
+    )
 
 
 def server_saves_answers_whole() -> bool:
@@ -776,6 +844,20 @@ def turn_of(body: Mapping[str, Any]) -> int:
 
 
 Extractor = Callable[[str], Reply]
+#: The citation check's model: (statement, the request's body) -> its reply.
+Verdicts = Callable[[str, dict[str, Any]], Reply]
+
+
+def is_verdict_request(body: Mapping[str, Any]) -> bool:
+    """Whether a request is one of the citation check's verdict calls."""
+    messages = body.get("messages") or []
+    return bool(messages) and messages[0].get("content") == VERDICT_SYSTEM_PROMPT
+
+
+def verdict_statement(body: Mapping[str, Any]) -> str:
+    """The statement a verdict request asks about (its ``<statement>`` block)."""
+    asked = str(body["messages"][-1]["content"])
+    return asked.partition("<statement>\n")[2].partition("\n</statement>")[0]
 
 
 class ScriptedModel:
@@ -785,7 +867,10 @@ class ScriptedModel:
     occurs in the question, and answered with that conversation's reply for
     the turn (the number of assistant messages so far), so concurrent chats
     never take each other's replies. Non-streaming requests are the visit
-    tool's extractor calls and go to ``extractor(prompt)``.
+    tool's extractor calls and go to ``extractor(prompt)``. The citation
+    check's verdict calls (streaming, after an answer that cites the pages
+    read) go to ``verdicts(statement, body)``; unscripted, they fail
+    (HTTP 500), and the check counts each as "cannot tell".
     """
 
     def __init__(self, fake: FakeOpenAI) -> None:
@@ -793,6 +878,7 @@ class ScriptedModel:
         self.fake = fake
         self.conversations: dict[str, list[Reply]] = {}
         self.extractor: Extractor | None = None
+        self.verdicts: Verdicts | None = None
         self._first_turns: threading.Barrier | None = None
         # Heavy runs: per key, each rollout's turns and the integrate reply.
         self.heavy: dict[str, tuple[list[list[Reply]], Reply]] = {}
@@ -859,6 +945,8 @@ class ScriptedModel:
 
     def key_of(self, body: Mapping[str, Any]) -> str | None:
         """Which conversation a research request belongs to."""
+        if is_verdict_request(body):
+            return None  # its statement may quote a key: it is no research turn
         question = question_of(body)
         for key in self.conversations:
             if key in question:
@@ -866,12 +954,22 @@ class ScriptedModel:
         return None
 
     def bodies(self, key: str | None = None) -> list[dict[str, Any]]:
-        """Recorded research requests (of one conversation when ``key`` is set)."""
+        """Recorded research requests (of one conversation when ``key`` is set).
+
+        The citation check's verdict calls are not research requests: see
+        `verdict_bodies`.
+        """
         return [
             body
             for body in list(self.fake.bodies)
-            if body.get("stream") and (key is None or self.key_of(body) == key)
+            if body.get("stream")
+            and not is_verdict_request(body)
+            and (key is None or self.key_of(body) == key)
         ]
+
+    def verdict_bodies(self) -> list[dict[str, Any]]:
+        """Recorded verdict requests of the citation check, in arrival order."""
+        return [body for body in list(self.fake.bodies) if is_verdict_request(body)]
 
     def extractor_prompts(self) -> list[str]:
         """The prompts of the extractor calls (non-streaming requests)."""
@@ -883,6 +981,10 @@ class ScriptedModel:
 
     def __call__(self, body: dict[str, Any]) -> Reply:
         """The reply for one request (runs in the fake server's threads)."""
+        if is_verdict_request(body):
+            if self.verdicts is None:
+                return Reply(status=500, error="no verdict scripted")
+            return self.verdicts(verdict_statement(body), body)
         key = self.key_of(body)
         if key in self.heavy:
             return self._heavy_reply(key, body)

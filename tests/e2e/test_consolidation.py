@@ -8,7 +8,8 @@ context many times over. The chat runs the way the browser runs it
 (socket.io, saved chat) and is read back from Open WebUI's API: all 40 rounds
 ran, the research consolidated, no request was refused or longer than the
 served context, and the answer cites the page read first, before the first
-consolidation, as source [1].
+consolidation, as source [1]. The citation check then asks about that
+statement once, against what was recorded for page 1 long before.
 
 The session's model server and the pipe's valves are shared by every e2e
 test, and Open WebUI's process caches each server's context size for 10
@@ -80,7 +81,8 @@ async def test_forty_rounds_outlive_a_16k_context(
     content = message["content"]
     bodies = list(fake.bodies)
 
-    # Every round ran, each page read through the real visit tool.
+    # Every round ran, each page read through the real visit tool (the
+    # citation check's call about the answer is counted apart: no round).
     assert research.turns == ROUNDS, owui.visit_setup_problem
     assert research.extractions == ROUNDS - 1, owui.visit_setup_problem
     assert page_site.hits("/count/1") - fetched_before == 1
@@ -101,6 +103,11 @@ async def test_forty_rounds_outlive_a_16k_context(
     assert sources[0] == first
     assert len(sources) == ROUNDS - 1
     assert f"1. [{first}]({first})" in content
+    # The check asked about the one cited statement, and page 1 backs it.
+    assert research.verdicts == 1
+    assert "\n- Citations: 1 of 1 statement supported by the page it cites\n" in (
+        content
+    )
     # One card per page read: 0.6's middleware copied every earlier card at
     # each new `<think>` (667 cards for 39, until the pipe sent its reasoning
     # as `reasoning_content` there).

@@ -258,6 +258,14 @@ async def test_a_research_killed_in_round_4_goes_on_after_the_restart(
     assert content.splitlines()[0] == f"*{note}*", content[:500]
     assert source_urls(message) == [research.url(k) for k in range(1, PAGES + 1)]
     assert research.answer_shown() in content.splitlines(), content
+    # The citation check of the resumed run quoted what the extractor recorded
+    # before the kill: its one statement cites six pages, the first three
+    # are asked about (one call each).
+    assert research.pages_checked(RESUMED) == [1, 2, 3]
+    assert research.pages_checked(KILLED) == []
+    assert "\n- Citations: 1 of 1 statement supported by the pages it cites\n" in (
+        content
+    )
     # Both runs answered: nothing is kept.
     assert deployment.checkpoints() == []
 

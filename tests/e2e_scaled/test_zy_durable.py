@@ -129,4 +129,7 @@ async def test_the_other_replica_goes_on_from_the_last_finished_round(
     assert content.splitlines()[0] == f"*{note}*", content[:500]
     assert source_urls(message) == [research.url(k) for k in range(1, PAGES + 1)]
     assert research.answer_shown() in content.splitlines(), content
+    # The resumed run's citation check quoted the evidence read before the
+    # kill, on the other replica (the first three of the six pages cited).
+    assert research.pages_checked(RESUMED) == [1, 2, 3]
     assert _checkpoints(cluster) == []

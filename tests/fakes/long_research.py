@@ -9,7 +9,9 @@ Asked for a summary (ReSum's request: one user message of the lab's summary
 prompt), it writes what the prompt asks for, the essential information: the
 first finding with the URL of its page (the first URL of the request, the
 history's or the last summary's) and the latest page read; ``forgetful``
-keeps the latest page only.
+keeps the latest page only. The citation check's verdict calls about the
+answer (told apart by their system message) are no research turns: they are
+counted apart (`LongResearch.verdicts`) and find the statement supported.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from tongyi_deepresearch_openwebui_pipeline.core.citation_check import (
+    VERDICT_SYSTEM_PROMPT,
+)
 from tongyi_deepresearch_openwebui_pipeline.core.events import ToolOutcome
 from tongyi_deepresearch_openwebui_pipeline.core.prompts import (
     QUERY_SUMMARY_PROMPT,
@@ -71,13 +76,18 @@ class LongResearch:
         self.turns = 0
         self.summaries = 0
         self.extractions = 0
+        self.verdicts = 0
         self._lock = threading.Lock()
 
     def __call__(self, body: dict[str, Any]) -> Reply:
-        """The reply to one request (research turn, summary or extraction)."""
+        """The reply to one request (research turn, summary, extraction, verdict)."""
         messages = body["messages"]
         if not body.get("stream"):
             return self._extraction(messages)
+        if messages[0].get("content") == VERDICT_SYSTEM_PROMPT:
+            with self._lock:
+                self.verdicts += 1
+            return Reply("SUPPORTED\nThe notes hold the first finding.")
         if is_summary_request(messages):
             return self._summary(str(messages[0]["content"]))
         with self._lock:
