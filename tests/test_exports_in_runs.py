@@ -30,13 +30,11 @@ from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
 from tests.fakes.pages import PageSite
 from tests.fakes.searxng import FakeSearXNG
 from tests.test_runner import World, command
-from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.render import (
-    ZERO_WIDTH_SPACE,
-)
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
     ToolResolver,
 )
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.valves import UserValves
+from tongyi_deepresearch_openwebui_pipeline.core.sources import ZERO_WIDTH_SPACE
 from tongyi_deepresearch_openwebui_pipeline.pipes.pipe import Pipe
 
 PAGES = ["https://example.org/a?x=1&y=%20z", "https://example.org/b"]
@@ -173,7 +171,7 @@ async def test_a_page_title_cannot_end_the_export_block() -> None:
 
 @pytest.fixture
 def world() -> Any:
-
+    """The runner's fake model, search engine and site, as its own tests use."""
     with FakeOpenAI() as model, FakeSearXNG() as engine, PageSite() as site:
         yield World(model, engine, site)
 

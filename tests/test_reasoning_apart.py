@@ -31,7 +31,6 @@ from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.render import (
     Display,
     ReasoningSplitter,
     TextPart,
-    defuse_reasoning,
     tool_card,
 )
 from tongyi_deepresearch_openwebui_pipeline.core.events import (
@@ -42,6 +41,7 @@ from tongyi_deepresearch_openwebui_pipeline.core.events import (
     ThinkingDelta,
     ToolCallFinished,
 )
+from tongyi_deepresearch_openwebui_pipeline.core.phrasing import defuse_tags
 from tongyi_deepresearch_openwebui_pipeline.pipes.pipe import Pipe
 
 MODEL = "tongyi_deepresearch.tongyi-deepresearch"
@@ -135,7 +135,7 @@ def test_reasoning_cannot_end_its_part_early() -> None:
     parts += splitter.split(chat.render(AnswerDelta("real answer")).text)
 
     assert parts == [
-        TextPart(defuse_reasoning(forged), reasoning=True),
+        TextPart(defuse_tags(forged), reasoning=True),
         TextPart("\n\nreal answer"),
     ]
 

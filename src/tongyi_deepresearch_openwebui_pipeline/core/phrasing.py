@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from .citation_report import CitationReport, Support
 from .events import TERMINATION_TEXT
-from .sources import Source
+from .sources import ZERO_WIDTH_SPACE, Source
 
 #: Under an answer the model wrote without ``<answer>`` tags.
 UNMARKED_ANSWER_NOTE = "*(The model did not mark this as its final answer.)*"
@@ -75,7 +75,18 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 #: A zero-width space after every "<" and "◁": Open WebUI looks for its
 #: reasoning and block tags (``<think>``, ``◁think▷``, ``<details``) in the
 #: raw text, escaped or not.
-_TAG_STARTS = str.maketrans({"<": "<\u200b", "◁": "◁\u200b"})
+_TAG_STARTS = str.maketrans({"<": "<" + ZERO_WIDTH_SPACE, "◁": "◁" + ZERO_WIDTH_SPACE})
+
+
+def defuse_tags(text: str) -> str:
+    """``text`` in which no tag can open or close a block of the chat.
+
+    Open WebUI ends a reasoning block at ``</think>`` (or ``◁/think▷``…) and
+    renders ``<details …>`` cards anywhere in the content; a zero-width
+    space after each ``<`` and ``◁`` stops every such tag, per character, so
+    it holds however the text is split into deltas.
+    """
+    return text.translate(_TAG_STARTS)
 
 
 def markdown_text(text: str) -> str:
@@ -84,8 +95,7 @@ def markdown_text(text: str) -> str:
     Markup is escaped, and no tag Open WebUI reads in the raw text (a
     reasoning block's, a ``<details>``) can open or close there.
     """
-    escaped = _MARKDOWN_SPECIAL.sub(r"\\\1", _CONTROL.sub("", text))
-    return escaped.translate(_TAG_STARTS)
+    return defuse_tags(_MARKDOWN_SPECIAL.sub(r"\\\1", _CONTROL.sub("", text)))
 
 
 def markdown_url(url: str) -> str:

@@ -3,14 +3,13 @@
 Both front ends take the same names (``bibtex``, ``ris``, ``csl-json``,
 ``markdown``): the pipe's ``EXPORT_FORMATS`` valves and the runner's
 ``--export``. `export_files` writes the chosen ones for one research; the
-chat shows them in a collapsed block (`fenced`), the runner writes them to
+chat shows them in a collapsed block (`report.fenced`), the runner writes them to
 files named with each format's suffix.
 """
 
 from __future__ import annotations
 
 import datetime
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -105,13 +104,3 @@ def export_files(
         for spec in FORMATS
         if spec.name in formats
     ]
-
-
-_BACKTICKS = re.compile(r"`+")
-
-
-def fenced(text: str, language: str) -> str:
-    """``text`` in a code fence no line of it can close."""
-    longest = max((len(run) for run in _BACKTICKS.findall(text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return f"{fence}{language}\n{text.rstrip()}\n{fence}"

@@ -92,15 +92,20 @@ def _answer(answer: str) -> str:
     return text + (fence + "\n" if fence else "")
 
 
+def fenced(text: str, language: str) -> str:
+    """``text`` in a code fence no line of it can close."""
+    longest = max((len(run) for run in _BACKTICKS.findall(text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{language}\n{text}\n{fence}"
+
+
 def _trace(trace: str) -> str:
     cut = len(trace) > TRACE_CHARS
     text = trace[:TRACE_CHARS].rstrip("\n")
-    longest = max((len(run) for run in _BACKTICKS.findall(text)), default=0)
-    fence = "`" * max(3, longest + 1)
     note = f"\n\n(The trace is cut at {TRACE_CHARS:,} characters.)" if cut else ""
     return (
         "<details>\n<summary>Research trace</summary>\n\n"
-        f"{fence}text\n{text}\n{fence}{note}\n\n</details>\n"
+        f"{fenced(text, 'text')}{note}\n\n</details>\n"
     )
 
 

@@ -73,6 +73,7 @@ from ...core.history import RESTART_NOTE
 from ...core.phrasing import (
     UNMARKED_ANSWER_NOTE,
     checking_citations_text,
+    defuse_tags,
     duration_text,
     markdown_text,
     no_answer_note,
@@ -90,7 +91,8 @@ from ...core.sources import (
     SourceBook,
     rewrite_answer,
 )
-from ..export.bundle import export_files, fenced
+from ..export.bundle import export_files
+from ..export.report import fenced
 from .catalog import describe_call
 from .emitter import notification_payload, status_payload
 
@@ -174,21 +176,6 @@ class Display:
 
 
 #: Breaks every tag-like sequence in reasoning text while displaying the same.
-ZERO_WIDTH_SPACE = "\u200b"
-_TAG_STARTS = str.maketrans({"<": "<" + ZERO_WIDTH_SPACE, "◁": "◁" + ZERO_WIDTH_SPACE})
-
-
-def defuse_reasoning(text: str) -> str:
-    """Reasoning text that cannot close its block or open another one.
-
-    Open WebUI ends a reasoning block at ``</think>`` (or ``◁/think▷``…) and
-    renders ``<details …>`` cards anywhere in the content; a zero-width
-    space after each ``<`` and ``◁`` stops every such tag, per character, so
-    it holds however the text is split into deltas.
-    """
-    return text.translate(_TAG_STARTS)
-
-
 def source_event(source: Source) -> dict[str, Any]:
     """The ``source`` event that numbers citations right on 0.6 – 0.12.
 
@@ -236,10 +223,7 @@ def consolidation_card(event: Consolidated) -> str:
     markup, nor load an image, nor end the card when a follow-up turn strips
     the message's ``<details>`` blocks.
     """
-    lines = "\n".join(
-        f"> {markdown_text(defuse_reasoning(line))}"
-        for line in event.summary.splitlines()
-    )
+    lines = "\n".join(f"> {markdown_text(line)}" for line in event.summary.splitlines())
     title = (
         f"Consolidation {event.number} · context {event.tokens_before:,} → "
         f"{event.tokens_after:,} tokens"
@@ -356,7 +340,7 @@ def export_block(
     labels = " · ".join(file.format.label for file in files)
     parts = "\n\n".join(
         f"**{file.format.label}** (`{file.format.suffix}`)\n\n"
-        + fenced(defuse_reasoning(file.text), file.format.language)
+        + fenced(defuse_tags(file.text).rstrip(), file.format.language)
         for file in files
     )
     return (
@@ -428,7 +412,7 @@ class ChatRenderer:
     def _think(self, text: str) -> str:
         if not self.display.thinking:
             return ""
-        text = defuse_reasoning(text)
+        text = defuse_tags(text)
         if self._in_think:
             return text
         if not text.strip():
