@@ -35,7 +35,9 @@ from tongyi_deepresearch_openwebui_pipeline.core.events import (
 from tongyi_deepresearch_openwebui_pipeline.core.loop import RunState
 from tongyi_deepresearch_openwebui_pipeline.core.parallelmuse import Step
 from tongyi_deepresearch_openwebui_pipeline.core.sources import (
+    MAX_PAPERS,
     PageRead,
+    Paper,
     Source,
     SourceLedger,
 )
@@ -534,3 +536,47 @@ def test_any_value_changed_anywhere_in_a_heavy_record_gives_a_run_or_a_reason(da
     assert {report.rollout for report in loaded.reports} <= answered
     for ending in (r.ending for r in loaded.started if r.ending):
         assert type(ending.stats.rounds) is int and ending.stats.rounds >= 0
+
+
+PAPER = Paper(
+    url="https://journals.example/strain",
+    title="Strain in graphene",
+    pdf="https://journals.example/strain.pdf",
+    authors=("Zoë Łukasiewicz", "山田 太郎"),
+    year="2021",
+    venue="Physical Review B",
+    doi="10.1103/PhysRevB.1.2",
+)
+#: PAPER as a record holds it.
+PAPER_RECORD = {**vars(PAPER), "authors": list(PAPER.authors)}
+
+
+def test_the_papers_a_run_found_read_back_for_its_exports():
+    data = encode(saved(papers=(PAPER,)))
+    loaded = decode(data, owner="user-1", chat="chat-1", now=0.0)
+    assert json.loads(data)["papers"] == [PAPER_RECORD]
+    assert loaded.papers == (PAPER,)
+
+
+def test_a_record_written_before_papers_were_kept_reads_with_none():
+    record = json.loads(encode(saved(papers=(PAPER,))))
+    del record["papers"]
+    loaded = decode(json.dumps(record).encode(), owner="user-1", chat="chat-1", now=0)
+    assert loaded.papers == ()
+
+
+@pytest.mark.parametrize(
+    ("papers", "why"),
+    [
+        ([{"url": "https://a.example"}], "it is damaged (KeyError)"),
+        ([{**PAPER_RECORD, "authors": "one author"}], "it is damaged (TypeError)"),
+        ([{**PAPER_RECORD, "year": 2021}], "it is damaged (TypeError)"),
+        ("no list", "it is damaged (TypeError)"),
+        ([PAPER_RECORD] * (MAX_PAPERS + 1), "it is damaged (ValueError)"),
+    ],
+)
+def test_hostile_papers_are_refused_with_a_reason(papers: Any, why: str):
+    record = {**json.loads(encode(saved())), "papers": papers}
+    with pytest.raises(CheckpointError) as refused:
+        decode(json.dumps(record).encode(), owner="user-1", chat="chat-1", now=0)
+    assert str(refused.value) == why

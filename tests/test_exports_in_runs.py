@@ -26,10 +26,14 @@ from tests.fakes.chat import (
     drive,
     make_pipe,
 )
+from tests.fakes.events import Events
 from tests.fakes.openai_server import FakeOpenAI, Reply, answer, tool_call
 from tests.fakes.pages import PageSite
 from tests.fakes.searxng import FakeSearXNG
 from tests.test_runner import World, command
+from tongyi_deepresearch_openwebui_pipeline.adapters.checkpoint_store import (
+    DirectoryStore,
+)
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.toolbox import (
     ToolResolver,
 )
@@ -330,6 +334,54 @@ async def test_a_paper_the_scholar_tool_found_is_exported_as_an_article() -> Non
         "Physical Review B",
     )
     assert item["author"] == [{"literal": "Zoë Łukasiewicz"}, {"literal": "山田 太郎"}]
+
+
+async def test_a_paper_found_before_a_restart_is_still_exported_as_an_article(
+    tmp_path: Path,
+) -> None:
+    store = DirectoryStore(tmp_path)
+    resolver = ToolResolver(
+        classes={
+            "search": FakeSearchTools,
+            "visit": FakeVisitTools,
+            "google_scholar": ScholarThatFinds,
+        }
+    )
+
+    def process(*, restarting: bool) -> Pipe:
+        pipe = Pipe(
+            tool_resolver=resolver,
+            checkpoints=lambda: store,
+            shutting_down=lambda: restarting,
+        )
+        return make_pipe(fake, pipe, PYTHON_ENABLED=False, CITATION_CHECK=False)
+
+    with FakeOpenAI() as fake:
+        fake.respond_with(_scholarly_research)
+        # The scholar search (round 1) found the paper; the process goes
+        # down as round 2 (reading it) starts.
+        events = Events()
+        chat = process(restarting=True).pipe(
+            {"messages": QUESTION, "stream": True},
+            __user__={"id": "u1", "role": "user"},
+            __event_emitter__=events,
+            __chat_id__="chat-1",
+            __metadata__={},
+        )
+        async for _ in chat:
+            if any(d.startswith("Round 2/") for d in events.descriptions()):
+                break
+        await chat.aclose()
+        turn = await drive(process(restarting=False), QUESTION)
+
+    assert turn.text.startswith("*Resuming the research from round 2")
+    (entry,) = parse_string(_block(turn.text)["BibTeX"]).entries
+    fields = {name: field.value for name, field in entry.fields_dict.items()}
+    assert (entry.entry_type, entry.key, fields["doi"]) == (
+        "article",
+        "ref1",
+        "10.1103/PhysRevB.1.2",
+    )
 
 
 def test_ask_refuses_to_export_beside_a_device(tmp_path: Path) -> None:

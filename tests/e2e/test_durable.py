@@ -1,7 +1,9 @@
 """A chat's research outlives a killed Open WebUI, in a real Open WebUI.
 
 A dedicated ``open-webui serve`` (its own data directory, SQLite, its own
-model server; the session's server is never touched) runs the scripted
+model server; the session's server is never touched; `durable_deployment`),
+whose pipe leaves the research to the user (CONTINUE_AFTER_RESTART off: the
+research going on by itself is tests/e2e/test_continued.py's), runs the scripted
 research of `durable_research`: rounds 1 to 6 each read one page through the
 real visit tool, round 7 answers citing every page the conversation holds.
 User A asks in a saved chat, the way the browser does. When the fake model
@@ -25,45 +27,39 @@ then in the database. Open WebUI starts again on the same data directory, and:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import sqlite3
-import uuid
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import socketio
 
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.pages import PageSite
-from tongyi_deepresearch_openwebui_pipeline.adapters.checkpoint_store import (
-    TABLE_NAME,
-)
 from tongyi_deepresearch_openwebui_pipeline.core.phrasing import resumed_text
 
 from .conftest import pipe_valves
+from .durable_deployment import (
+    TIMEOUT,
+    Deployment,
+    add_user,
+    answered,
+    deployed,
+    ui_session,
+)
 from .durable_research import (
     PAGES,
     QUESTION,
     DurableResearch,
-    Turn,
     ask_in_new_chat,
     difference,
     regenerate,
     source_urls,
 )
-from .owui import PIPE_FILE, Api, OpenWebUIServer, installer, saved_chat
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 #: Rounds 1-3 finish; the request for this one finds Open WebUI killed.
 KILLED_IN_ROUND = 4
-#: How long any one wait may take (a start, a run, a held request).
-TIMEOUT = 240.0
 ADMIN = ("Durable Admin", "durable-admin@example.com", "e2e-Passw0rd!")
 SECOND_USER = ("Durable Second", "durable-second@example.com", "e2e-Passw0rd-2!")
 
@@ -73,132 +69,20 @@ OTHER_USER = "B, after the restart"
 RESUMED = "A, regenerated after the restart"
 
 
-# -- the dedicated Open WebUI ------------------------------------------------------
+def _valves(model: FakeOpenAI) -> dict[str, Any]:
+    """The pipe's valves: a research goes on only when the user asks again.
 
-
-@dataclass
-class Deployment:
-    """The test's own Open WebUI, its model server and its admin."""
-
-    server: OpenWebUIServer
-    model: FakeOpenAI
-    admin: Api = field(default_factory=lambda: Api("", ""))
-
-    def kill(self) -> None:
-        """SIGKILL Open WebUI's whole process group, as the OOM killer would."""
-        process = self.server.process
-        assert process is not None
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(30)
-        self.server.keep_log("open-webui-durable-killed.log")
-
-    def checkpoints(self) -> list[tuple[str, str]]:
-        """The (user id, chat id) of every checkpoint in Open WebUI's SQLite."""
-        database = self.server.data_dir / "webui.db"
-        exists = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
-        query = f"SELECT owner, chat FROM {TABLE_NAME} ORDER BY owner"  # noqa: S608
-        with contextlib.closing(sqlite3.connect(database)) as connection:
-            if connection.execute(exists, (TABLE_NAME,)).fetchone() is None:
-                return []  # the pipe never saved anything
-            return [(str(o), str(c)) for o, c in connection.execute(query)]
+    By itself (tests/e2e/test_continued.py) it would go on once its lease
+    lapsed, at a moment that depends on the machine's speed.
+    """
+    return {**pipe_valves(model), "CONTINUE_AFTER_RESTART": False}
 
 
 @pytest.fixture
 def deployment(owui_venv_path: Path, tmp_path: Path) -> Iterator[Deployment]:
-    """A running Open WebUI of its own: admin, pipe and visit tool set up.
-
-    Other users may use the pipe's model (an admin-made pipe model is
-    private to the admin otherwise).
-    """
-    with FakeOpenAI(f"Tongyi-DeepResearch-durable-{uuid.uuid4().hex[:8]}") as model:
-        server = OpenWebUIServer(
-            owui_venv_path, tmp_path, {"BYPASS_MODEL_ACCESS_CONTROL": "true"}
-        )
-        deployment = Deployment(server, model)
-        try:
-            server.start(TIMEOUT)
-            token = installer.sign_up(server.base_url, *ADMIN)
-            deployment.admin = Api(server.base_url, token)
-            _install_pipe(deployment.admin, pipe_valves(model))
-            yield deployment
-        finally:
-            server.stop()
-            server.keep_log("open-webui-durable.log")
-
-
-def _install_pipe(api: Api, valves: dict[str, Any]) -> None:
-    """The pipe, as a user installs it, and the visit tool let to read 127.0.0.1."""
-    client = api.rest_client()
-    installer.install_pipe(client, PIPE_FILE.read_text(encoding="utf-8"), valves)
-    installer.wait_for_model(client)
-    tools = api.wait_for_tools(timeout=60)
-    if "deepresearch_visit" not in tools:
-        pytest.fail(f"the visit tool was not installed (tools: {sorted(tools)})")
-    api.post(
-        "/api/v1/tools/id/deepresearch_visit/valves/update",
-        {"ALLOW_PRIVATE_URLS": True},
-    )
-
-
-def _add_user(admin: Api, name: str, email: str, password: str) -> Api:
-    """A new user (role user) made through the admin API, signed in."""
-    admin.post(
-        "/api/v1/auths/add",
-        {"name": name, "email": email, "password": password, "role": "user"},
-    )
-    return Api(admin.base_url, installer.sign_in(admin.base_url, email, password))
-
-
-# -- the browser's side ------------------------------------------------------------
-
-
-class UiSession:
-    """A browser's socket.io session: which answers it saw finish."""
-
-    def __init__(self) -> None:
-        """No session id until connected."""
-        self.sid = ""
-        self._finished: dict[str, asyncio.Event] = {}
-
-    def finished(self, message_id: str) -> asyncio.Event:
-        """Set when the answer ``message_id`` ends (``chat:completion`` done)."""
-        return self._finished.setdefault(message_id, asyncio.Event())
-
-    async def on_event(self, data: dict[str, Any]) -> None:
-        """Note each finished answer."""
-        payload = data.get("data") or {}
-        if payload.get("type") == "chat:completion" and (
-            (payload.get("data") or {}).get("done")
-        ):
-            self.finished(str(data.get("message_id"))).set()
-
-
-@contextlib.asynccontextmanager
-async def ui_session(api: Api) -> AsyncIterator[UiSession]:
-    """A socket.io session of ``api``'s user, joined to the user's room."""
-    session = UiSession()
-    sio = socketio.AsyncClient(reconnection=False)
-    sio.on("events", session.on_event)
-    await sio.connect(
-        api.base_url,
-        socketio_path="/ws/socket.io",
-        auth={"token": api.token},
-        transports=["websocket"],
-        wait_timeout=20,
-    )
-    try:
-        await sio.call("user-join", {"auth": {"token": api.token}}, timeout=20)
-        session.sid = str(sio.get_sid())
-        yield session
-    finally:
-        await sio.disconnect()
-
-
-async def answered(api: Api, session: UiSession, turn: Turn) -> dict[str, Any]:
-    """The saved answer of ``turn`` once it has ended (bounded)."""
-    await asyncio.wait_for(session.finished(turn.message_id).wait(), TIMEOUT)
-    chat = await saved_chat(api, turn.chat_id, turn.message_id, timeout=30)
-    return chat["chat"]["history"]["messages"][turn.message_id]
+    """A running Open WebUI of its own: admin, pipe and visit tool set up."""
+    with deployed(owui_venv_path, tmp_path, "durable", _valves, ADMIN) as it:
+        yield it
 
 
 # -- the test ----------------------------------------------------------------------
@@ -227,7 +111,7 @@ async def test_a_research_killed_in_round_4_goes_on_after_the_restart(
     deployment.server.start(TIMEOUT)
     # B asks the same question while A's progress is stored.
     research.phase = OTHER_USER
-    second = _add_user(admin, *SECOND_USER)
+    second = add_user(admin, *SECOND_USER)
     async with ui_session(second) as session:
         other = await ask_in_new_chat(second, session.sid, QUESTION, TIMEOUT)
         other_answer = await answered(second, session, other)

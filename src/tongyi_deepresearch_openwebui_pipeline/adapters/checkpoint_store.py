@@ -145,6 +145,7 @@ class DatabaseStore:
 
         self._sa = sa
         self._integrity_error: type[Exception] = sqlalchemy.exc.IntegrityError
+        self._database_error: type[Exception] = sqlalchemy.exc.SQLAlchemyError
         self._engine = engine
         self.max_bytes = max_bytes
         self._clock = clock
@@ -159,9 +160,16 @@ class DatabaseStore:
         self._created = False
 
     def _ensure_table(self) -> None:
-        if not self._created:
+        if self._created:
+            return
+        try:
             self._table.create(self._engine, checkfirst=True)
-            self._created = True
+        except self._database_error:
+            # Another process created it at the same moment (replicas
+            # started together): PostgreSQL refuses the second CREATE.
+            if not self._sa.inspect(self._engine).has_table(TABLE_NAME):
+                raise
+        self._created = True
 
     async def load(self, owner: str, chat: str) -> bytes | None:
         """The row's bytes, at most ``max_bytes`` + 1 of them (None: no row)."""

@@ -48,7 +48,7 @@ from typing import Any, Protocol, runtime_checkable
 from .events import TERMINATION_TEXT, Counters, ModelUsage, RunFinished, RunStats
 from .loop import RunState
 from .parallelmuse import Step
-from .sources import Source
+from .sources import MAX_PAPERS, Paper, Source
 
 #: The record's name, and the versions of its two kinds: another name or
 #: version is not read.
@@ -91,6 +91,8 @@ class Checkpoint:
     saved_at: float = 0.0
     #: The trajectory before the current conversation did not fit `MAX_BYTES`.
     trajectory_dropped: bool = False
+    #: The scholarly records the run's searches found (for its exports).
+    papers: tuple[Paper, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,8 @@ class HeavyCheckpoint:
     #: A rollout's trajectory before its conversation did not fit `MAX_BYTES`.
     trajectory_dropped: bool = False
     mode: str = "heavy"
+    #: The scholarly records the rollouts' searches found (for the exports).
+    papers: tuple[Paper, ...] = ()
 
 
 class CheckpointStore(Protocol):
@@ -321,6 +325,23 @@ class SourcePieces:
         return tuple(pieces)
 
 
+def papers_piece(papers: Sequence[Paper]) -> Piece:
+    """The run's scholarly records as one piece of a record."""
+    return Piece([_paper_record(paper) for paper in papers[:MAX_PAPERS]])
+
+
+def _paper_record(paper: Paper) -> dict[str, Any]:
+    return {
+        "url": paper.url,
+        "title": paper.title,
+        "pdf": paper.pdf,
+        "authors": list(paper.authors),
+        "year": paper.year,
+        "venue": paper.venue,
+        "doi": paper.doi,
+    }
+
+
 def _source_record(source: Source) -> dict[str, Any]:
     return {
         "number": source.number,
@@ -440,6 +461,8 @@ class SingleDocument:
     sources: tuple[Piece, ...]
     #: The trajectory was already incomplete (a resumed run's).
     dropped: bool = False
+    #: The scholarly records found (`papers_piece`); None: none.
+    papers: Piece | None = None
 
     def encode(self, max_bytes: int = MAX_BYTES) -> bytes:
         """The record, at most ``max_bytes`` (see `encode`)."""
@@ -451,6 +474,7 @@ class SingleDocument:
             "trajectory_dropped": self.dropped or not with_history,
             "state": self.state.body(with_history=with_history),
             "sources": list(self.sources),
+            "papers": self.papers if self.papers is not None else [],
         }
 
 
@@ -573,6 +597,8 @@ class HeavyDocument:
     reports: tuple[ReportRecord, ...]
     sources: tuple[Piece, ...]
     dropped: bool = False
+    #: The scholarly records found (`papers_piece`); None: none.
+    papers: Piece | None = None
 
     def encode(self, max_bytes: int = MAX_BYTES) -> bytes:
         """The record, at most ``max_bytes``; the earlier trajectories go first."""
@@ -586,6 +612,7 @@ class HeavyDocument:
             "started": [r.body(with_history=with_history) for r in self.started],
             "reports": [report.body() for report in self.reports],
             "sources": list(self.sources),
+            "papers": self.papers if self.papers is not None else [],
         }
 
 
@@ -670,6 +697,7 @@ def encode(checkpoint: Checkpoint, max_bytes: int = MAX_BYTES) -> bytes:
         state_record(checkpoint.state, MessagePieces()),
         SourcePieces().of(checkpoint.sources),
         dropped=checkpoint.trajectory_dropped,
+        papers=papers_piece(checkpoint.papers),
     )
     return document.encode(max_bytes)
 
@@ -806,6 +834,7 @@ def _checkpoint(record: dict[str, Any], now: float) -> Checkpoint:
         elapsed=elapsed,
         saved_at=_number(record["saved_at"]),
         trajectory_dropped=dropped,
+        papers=_papers(record.get("papers", [])),
     )
 
 
@@ -843,6 +872,27 @@ def _sources(value: Any) -> tuple[Source, ...]:
     if [s.number for s in sources] != list(range(1, len(sources) + 1)):
         raise ValueError("sources out of their numbering")
     return sources
+
+
+def _papers(value: Any) -> tuple[Paper, ...]:
+    """The scholarly records of a record (a record of before them has none)."""
+    items = _list(value)
+    if len(items) > MAX_PAPERS:
+        raise ValueError("too many papers")
+    return tuple(_paper(item) for item in items)
+
+
+def _paper(value: Any) -> Paper:
+    item = _dict(value)
+    return Paper(
+        url=_text(item["url"]),
+        title=_text(item["title"]),
+        pdf=_text(item["pdf"]),
+        authors=tuple(_text(author) for author in _list(item["authors"])),
+        year=_text(item["year"]),
+        venue=_text(item["venue"]),
+        doi=_text(item["doi"]),
+    )
 
 
 def _source(value: Any) -> Source:
@@ -890,6 +940,7 @@ def _heavy_checkpoint(record: dict[str, Any], now: float) -> HeavyCheckpoint:
         elapsed=elapsed,
         saved_at=_number(record["saved_at"]),
         trajectory_dropped=dropped,
+        papers=_papers(record.get("papers", [])),
     )
 
 

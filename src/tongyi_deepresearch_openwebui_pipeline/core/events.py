@@ -169,10 +169,14 @@ class RoundStarted:
 
 @dataclass(frozen=True)
 class RunResumed:
-    """The run goes on from a checkpoint: `rounds` finished before, `sources` kept."""
+    """The run goes on from a checkpoint: `rounds` finished before, `sources` kept.
+
+    ``papers``: the scholarly records its searches had found (for exports).
+    """
 
     rounds: int
     sources: tuple[Source, ...]
+    papers: tuple[Paper, ...] = ()
     kind: str = "resumed"
 
 

@@ -179,6 +179,10 @@ class Citations(Protocol):
         ...
 
 
+#: Most scholarly records a run keeps for its exports (the first found).
+MAX_PAPERS = 500
+
+
 class SourceLedger:
     """The run's sources, in citation order: the run engine's, numbered once."""
 
@@ -187,6 +191,9 @@ class SourceLedger:
         self.sources: list[Source] = []
         #: Pages read successfully, re-reads included (sources are distinct).
         self.reads = 0
+        #: Scholarly records the run's searches found, by URL (for exports,
+        #: and kept by a checkpoint so a resumed run still has them).
+        self.papers: dict[str, Paper] = {}
         self._by_key: dict[str, Source] = {}
         self._titles: set[str] = set()
 
@@ -209,8 +216,18 @@ class SourceLedger:
         self._titles.add(candidate)
         return candidate
 
-    def restore(self, sources: Iterable[Source], reads: int) -> None:
+    def keep_papers(self, papers: Iterable[Paper]) -> None:
+        """Keep the scholarly records a search found (the first of each URL)."""
+        for paper in papers:
+            if len(self.papers) >= MAX_PAPERS:
+                return
+            self.papers.setdefault(paper.url, paper)
+
+    def restore(
+        self, sources: Iterable[Source], reads: int, papers: Iterable[Paper] = ()
+    ) -> None:
         """Take back a checkpoint's ``sources``, their numbers and titles kept."""
+        self.keep_papers(papers)
         for source in sources:
             self.sources.append(source)
             self._titles.add(source.title)

@@ -63,6 +63,7 @@ from ..core.checkpoint import (
     SourcePieces,
     StateRecord,
     ending_record,
+    papers_piece,
     question_key,
     read,
     state_record,
@@ -103,7 +104,11 @@ class _Progress(Protocol):
     def elapsed(self) -> float: ...
 
     def document(
-        self, header: Header, sources: tuple[Piece, ...], dropped: bool
+        self,
+        header: Header,
+        sources: tuple[Piece, ...],
+        dropped: bool,
+        papers: Piece | None = None,
     ) -> _Document: ...
 
 
@@ -124,11 +129,17 @@ class _SingleProgress:
         return self._elapsed
 
     def document(
-        self, header: Header, sources: tuple[Piece, ...], dropped: bool
+        self,
+        header: Header,
+        sources: tuple[Piece, ...],
+        dropped: bool,
+        papers: Piece | None = None,
     ) -> SingleDocument:
         if self.state is None:  # pragma: no cover - kept before any write
             raise RuntimeError("nothing kept to save")
-        return SingleDocument(header, self.state, sources, dropped=dropped)
+        return SingleDocument(
+            header, self.state, sources, dropped=dropped, papers=papers
+        )
 
 
 class HeavyProgress:
@@ -218,7 +229,11 @@ class HeavyProgress:
         return self._elapsed()
 
     def document(
-        self, header: Header, sources: tuple[Piece, ...], dropped: bool
+        self,
+        header: Header,
+        sources: tuple[Piece, ...],
+        dropped: bool,
+        papers: Piece | None = None,
     ) -> HeavyDocument:
         """The record as it is now, for a writer's thread."""
         return HeavyDocument(
@@ -228,6 +243,7 @@ class HeavyProgress:
             tuple(self._reports[k] for k in sorted(self._reports)),
             sources,
             dropped=dropped,
+            papers=papers,
         )
 
 
@@ -275,6 +291,8 @@ class Checkpointer:
         self._failed_saves = 0
         self._single = _SingleProgress()
         self._sources = SourcePieces()
+        #: The papers' piece, and how many it holds (a ledger only adds).
+        self._papers: tuple[int, Piece | None] = (0, None)
         #: What the next write takes, and the ledger it takes the sources of.
         self._progress: _Progress = self._single
         self._ledger = SourceLedger()
@@ -359,7 +377,7 @@ class Checkpointer:
         saved = await self.resume()
         if saved is None:
             return RunState(messages=list(messages), started=self.clock()), False
-        ledger.restore(saved.sources, saved.reads)
+        ledger.restore(saved.sources, saved.reads, saved.papers)
         return saved.state, True
 
     # -- saving --
@@ -421,7 +439,9 @@ class Checkpointer:
             reads=ledger.reads,
         )
         sources = self._sources.of(ledger.sources)
-        document = progress.document(header, sources, self._dropped)
+        document = progress.document(
+            header, sources, self._dropped, self._papers_of(ledger)
+        )
         write: asyncio.Future[None]
         if self._blocking is not None:  # one thread encodes and saves
             write = asyncio.get_running_loop().run_in_executor(
@@ -436,6 +456,14 @@ class Checkpointer:
             write = asyncio.ensure_future(self._encoded_then_saved(document))
         write.add_done_callback(self._written)
         return write
+
+    def _papers_of(self, ledger: SourceLedger) -> Piece | None:
+        """The piece of the ledger's papers, made again only when one was added."""
+        count, piece = self._papers
+        if count != len(ledger.papers):
+            piece = papers_piece(list(ledger.papers.values()))
+            self._papers = (len(ledger.papers), piece)
+        return piece
 
     async def _encoded_then_saved(self, document: _Document) -> None:
         """A store that saves only on the loop: encode in a thread, then save."""

@@ -265,7 +265,9 @@ async def single_run(
             yield ContextWarning(note)
         said = len(checkpointer.notes)
     if resuming:
-        yield RunResumed(state.round, tuple(ledger.sources))
+        yield RunResumed(
+            state.round, tuple(ledger.sources), tuple(ledger.papers.values())
+        )
     loop = ResearchLoop(state, model, tools, limits, summarizer=summarizer)
     async with _closing(loop.run()) as events:
         async for event in events:
@@ -329,6 +331,8 @@ def _with_sources(event: Event, ledger: SourceLedger, reader: int) -> list[Event
     `AliasesAdded` for earlier sources now cited from another address too.
     The run's end gets the sources and the number of pages read.
     """
+    if isinstance(event, ToolCallFinished):
+        ledger.keep_papers(event.papers)
     if isinstance(event, ToolCallFinished) and event.pages:
         recorded = [ledger.record(page, reader) for page in event.pages]
         added = {r.source.number: r.source for r in recorded if r.new}
@@ -592,7 +596,7 @@ class HeavyRun:
         saved = await self.checkpointer.resume_heavy(self.rollouts)
         if saved is None:
             return None
-        self.ledger.restore(saved.sources, saved.reads)
+        self.ledger.restore(saved.sources, saved.reads, saved.papers)
         self.started = self.clock() - saved.elapsed
         for rollout in saved.started:
             rollout.state.started = self.started
@@ -612,7 +616,11 @@ class HeavyRun:
             else rollout.state.round - rollout.inherited_rounds
             for rollout in saved.started
         )
-        said: list[RunEvent] = [RunResumed(rounds, tuple(self.ledger.sources))]
+        said: list[RunEvent] = [
+            RunResumed(
+                rounds, tuple(self.ledger.sources), tuple(self.ledger.papers.values())
+            )
+        ]
         for rollout in saved.started:
             if rollout.ending is not None:
                 ending = _with_run_sources(rollout.ending, self.ledger)

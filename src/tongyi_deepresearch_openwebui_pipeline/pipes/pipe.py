@@ -32,9 +32,16 @@ from ..adapters.openwebui.catalog import (
     choice_notes,
     choose_tools,
     question_note,
+    selected_ids,
+)
+from ..adapters.openwebui.continuation import (
+    Continuer,
+    HeldRun,
+    MessageWriter,
 )
 from ..adapters.openwebui.emitter import EventRelay, SafeEmitter
 from ..adapters.openwebui.files import context_handover, web_results_note
+from ..adapters.openwebui.host import ChatHost, OpenWebUIHost
 from ..adapters.openwebui.registry import (
     registry_tool_valves,
     schedule_auto_install,
@@ -62,8 +69,9 @@ from ..adapters.openwebui.valves import (
     shared_endpoints,
     with_user_caps,
 )
+from ..adapters.run_leases import Claimed, LeaseTable, Ticket, TicketError
 from ..core.checkpoint import CheckpointStore
-from ..core.events import RunFinished
+from ..core.events import RunEvent, RunFinished
 from ..core.history import remove_injected_context, split_conversation
 from ..core.tasks import (
     final_reply_text,
@@ -102,6 +110,8 @@ class Pipe:
         ),
         checkpoints: Callable[[], CheckpointStore | None] = durable.database_store,
         shutting_down: Callable[[], bool] = durable.shutting_down,
+        leases: Callable[[], LeaseTable | None] = durable.lease_table,
+        host: ChatHost | None = None,
     ) -> None:
         """Set up the shared, request-independent parts.
 
@@ -120,6 +130,10 @@ class Pipe:
             shutting_down: Whether the process is being stopped: a run
                 cancelled then keeps its progress (a restart), one cancelled
                 otherwise was stopped by its user and is forgotten.
+            leases: Which process runs which chat's research (None: runs are
+                not continued by themselves); Open WebUI's database by default.
+            host: What a run continued after a restart writes through (the
+                chat's message, its Stop button); Open WebUI by default.
         """
         self.valves = self.Valves()
         self._resolver = tool_resolver or ToolResolver()
@@ -128,6 +142,9 @@ class Pipe:
         self._host_ends_streams = host_ends_streams
         self._checkpoints = checkpoints
         self._shutting_down = shutting_down
+        self._leases = leases
+        self._host: ChatHost = host or OpenWebUIHost()
+        self._continuer: Continuer | None = None
 
     def pipes(self) -> list[dict[str, str]]:
         """The models this pipe offers (cheap: called on every model listing)."""
@@ -138,9 +155,121 @@ class Pipe:
                 for tool in CATALOG
                 if tool.module is not None and getattr(self.valves, tool.valve)
             )
+        # Open WebUI loads the pipe to list its models: the first listing
+        # after a restart starts taking up the researches left behind.
+        self.start_continuing()
         return (
             [SINGLE_MODEL, HEAVY_MODEL] if self.valves.HEAVY_ENABLED else [SINGLE_MODEL]
         )
+
+    # -- researches left behind by a dead process --
+    def start_continuing(self) -> Continuer | None:
+        """Start this process's `Continuer` (once; in Open WebUI's event loop)."""
+        if self._continuer is not None:
+            return self._continuer
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # listed outside an event loop: next time
+            return None
+        table = self._leases()
+        store = self._checkpoints()
+        if table is None or store is None:
+            return None
+
+        async def has_checkpoint(owner: str, chat: str) -> bool:
+            return await store.load(owner, chat) is not None
+
+        valves = lambda: self.valves  # noqa: E731  (read when used: valves change)
+        continuer = Continuer(
+            table,
+            has_checkpoint,
+            self.continue_run,
+            seconds=lambda: valves().RUN_LEASE_SECONDS,
+            enabled=lambda: (
+                valves().RESUME_INTERRUPTED_RUNS and valves().CONTINUE_AFTER_RESTART
+            ),
+        )
+        durable.adopt_continuer(continuer)
+        continuer.start()
+        self._continuer = continuer
+        return continuer
+
+    async def continue_run(self, claimed: Claimed) -> None:
+        """Go on with a claimed research, writing into its chat message."""
+        ticket, host = claimed.ticket, self._host
+        try:
+            if not await host.message_exists(
+                claimed.owner, claimed.chat, ticket.message
+            ):
+                await self._give_up(claimed, "its message is gone")
+                return
+            emit = SafeEmitter(
+                await host.emitter(claimed.owner, claimed.chat, ticket.message)
+            )
+        except Exception as error:  # this Open WebUI cannot be written to
+            await self._give_up(claimed, type(error).__name__)
+            return
+        writer = MessageWriter(emit, host, claimed.chat, ticket.message)
+        await host.start(self._continued(claimed, emit, writer), claimed.chat)
+
+    async def _give_up(self, claimed: Claimed, why: str = "") -> None:
+        """Let go of this process's claim on a run (``why``: it is not continued).
+
+        Only the claim: a run that took its chat's lease itself holds it
+        under its own name, and lets go of it at its end.
+        """
+        if why:
+            log.warning("a research left behind is not continued: %s", why)
+        if self._continuer is not None:
+            table, holder = self._continuer.table, self._continuer.holder
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(STOPPED_STATUS_SECONDS * 3):
+                    await asyncio.to_thread(
+                        table.release, claimed.owner, claimed.chat, holder
+                    )
+
+    async def _continued(
+        self, claimed: Claimed, emit: SafeEmitter, writer: MessageWriter
+    ) -> None:
+        """The chat turn again, from the ticket, its text into the message."""
+        ticket = claimed.ticket
+        body = {
+            "model": ticket.model,
+            "messages": [{"role": "user", "content": ticket.question}],
+            "stream": True,
+        }
+        metadata = {
+            "chat_id": claimed.chat,
+            "message_id": ticket.message,
+            "tool_ids": list(ticket.tool_ids),
+            "variables": {"{{CURRENT_DATE}}": ticket.today},
+        }
+        turn = self._turn(
+            body,
+            # The run is the row's owner's, whatever the ticket says.
+            user={**ticket.user, "id": claimed.owner, "valves": ticket.user_valves},
+            request=None,
+            emitter=emit,
+            files=None,
+            metadata=metadata,
+            chat_id=claimed.chat,
+        )
+        try:
+            async with contextlib.aclosing(turn):
+                async for text in turn:
+                    await writer.add(text)
+        finally:
+            # Stopped or ended: what was written stays, and the message is
+            # done; a restart leaves it to the process that goes on with it.
+            if not self._shutting_down():
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(STOPPED_STATUS_SECONDS * 3):
+                        await writer.finish()
+                # A turn that ended before the run took the chat's lease (a
+                # key that cannot be decrypted, a failing tool set-up) left
+                # the claim: kept, it would lapse and be taken up again, over
+                # and over. Its progress stays for the user to ask again.
+                await self._give_up(claimed)
 
     async def pipe(
         self,
@@ -372,8 +501,21 @@ class Pipe:
             )
             # A chat Open WebUI does not store ("local:…") cannot be found again.
             stored_chat = "" if (chat_id or "").startswith("local") else chat_id
-            keeper = session.checkpointer(
-                str((user or {}).get("id") or ""), stored_chat or "", asked, heavy=heavy
+            owner = str((user or {}).get("id") or "")
+            keeper = session.checkpointer(owner, stored_chat or "", asked, heavy=heavy)
+            held = (
+                await self._hold(
+                    valves,
+                    owner,
+                    stored_chat or "",
+                    body=body,
+                    metadata=metadata,
+                    user=user,
+                    mine=mine,
+                    asked=asked,
+                )
+                if keeper is not None and _streamed(body)
+                else None
             )
             # The run engine's; the renderer learns the sources from the events.
             events = session.research(
@@ -383,27 +525,110 @@ class Pipe:
                 # An API caller's reply comes whole: the check would delay it.
                 check_citations=mine.CITATION_CHECK and _streamed(body),
             )
-            try:
-                async with contextlib.aclosing(events):
-                    async for event in events:
-                        # The end rewrites the whole answer (and writes the
-                        # exports): linear, but seconds for a long one.
-                        rendered = (
-                            await asyncio.to_thread(renderer.render, event)
-                            if isinstance(event, RunFinished)
-                            else renderer.render(event)
-                        )
-                        for payload in rendered.events:
-                            await emit(payload)
-                        # A reasoning block's end goes alone: Open WebUI
-                        # 0.6-0.11 strip the text that comes with it.
-                        for piece in stream_pieces(rendered.text):
-                            if piece:
-                                yield piece
-            except (asyncio.CancelledError, GeneratorExit):
-                if keeper is not None and not self._shutting_down():
-                    await _forget(keeper)  # Stop: the run stays stopped
-                raise
+            shown = self._shown(events, renderer, emit, keeper=keeper, held=held)
+            async with contextlib.aclosing(shown):
+                async for piece in shown:
+                    yield piece
+
+    async def _shown(
+        self,
+        events: AsyncGenerator[RunEvent, None],
+        renderer: ChatRenderer | HeavyRenderer,
+        emit: SafeEmitter,
+        *,
+        keeper: Checkpointer | None,
+        held: HeldRun | None,
+    ) -> AsyncGenerator[str, None]:
+        """The run's events as the chat's text and events; its end, whichever."""
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    # The end rewrites the whole answer (and writes the
+                    # exports): linear, but seconds for a long one.
+                    rendered = (
+                        await asyncio.to_thread(renderer.render, event)
+                        if isinstance(event, RunFinished)
+                        else renderer.render(event)
+                    )
+                    for payload in rendered.events:
+                        await emit(payload)
+                    # A reasoning block's end goes alone: Open WebUI
+                    # 0.6-0.11 strip the text that comes with it.
+                    for piece in stream_pieces(rendered.text):
+                        if piece:
+                            yield piece
+        except asyncio.CancelledError:
+            if held is not None and held.taken_over:
+                # Another process goes on with it (its progress stays).
+                _uncancel()
+                await emit.status(TAKEN_OVER_STATUS, done=True)
+                yield f"\n\n> {TAKEN_OVER_STATUS}\n"
+                return
+            if keeper is not None and not self._shutting_down():
+                await _forget(keeper)  # Stop: the run stays stopped
+            raise
+        except GeneratorExit:
+            if keeper is not None and not self._shutting_down():
+                await _forget(keeper)  # Stop: the run stays stopped
+            raise
+        finally:
+            if held is not None:
+                await held.let_go(restarting=self._shutting_down())
+
+    async def _hold(
+        self,
+        valves: BaseValves,
+        owner: str,
+        chat: str,
+        *,
+        body: dict[str, Any],
+        metadata: dict[str, Any] | None,
+        user: dict[str, Any] | None,
+        mine: UserValves,
+        asked: str,
+    ) -> HeldRun | None:
+        """The run's lease on its chat, so it goes on if this process dies.
+
+        None when it would not be continued by itself: the valve is off,
+        the chat or message has no id, or there is no lease table.
+        """
+        metadata = metadata or {}
+        message = metadata.get("message_id")
+        if not (valves.CONTINUE_AFTER_RESTART and owner and chat):
+            return None
+        if not isinstance(message, str) or not message:
+            return None
+        table = self._leases()
+        if table is None:
+            return None
+        tool_ids = metadata.get("tool_ids")
+        try:
+            ticket = Ticket(
+                message=message,
+                model=str(body.get("model") or ""),
+                question=asked,
+                tool_ids=tuple(selected_ids(tool_ids)),
+                today=_today(metadata).isoformat(),
+                user={
+                    name: str(value)
+                    for name in ("id", "name", "email", "role")
+                    if isinstance(value := (user or {}).get(name), str)
+                },
+                user_valves=mine.model_dump(mode="json"),
+            )
+            ticket.encode()
+        except TicketError as error:
+            log.info("this research will not go on by itself: %s", error)
+            return None
+        held = HeldRun(
+            table,
+            owner,
+            chat,
+            ticket,
+            seconds=valves.RUN_LEASE_SECONDS,
+            run=asyncio.current_task(),
+        )
+        return held if await held.take() else None
 
     async def _toolbox(
         self,
@@ -455,6 +680,15 @@ class Pipe:
 
 #: Longest the "Stopped" status may hold up a cancelled run.
 STOPPED_STATUS_SECONDS = 2.0
+#: What a run says when another process took it over.
+TAKEN_OVER_STATUS = "This research goes on in another reply."
+
+
+def _uncancel() -> None:
+    """Take back the cancellation being handled (the run ends by itself)."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 async def _forget(keeper: Checkpointer) -> None:

@@ -42,6 +42,7 @@ from ..core.events import (
     RolloutEvent,
     RunEvent,
     RunFinished,
+    RunResumed,
     ToolCallFinished,
     WrappingUp,
 )
@@ -242,7 +243,8 @@ class Researcher:
             async for event in events:
                 event = in_runner_words(event)  # noqa: PLW2901  (said our way)
                 called = event.event if isinstance(event, RolloutEvent) else event
-                if isinstance(called, ToolCallFinished):
+                # A resumed run's papers were found before the interruption.
+                if isinstance(called, ToolCallFinished | RunResumed):
                     papers.update((p.url, p) for p in called.papers)
                 if isinstance(event, RunFinished):
                     finished = event

@@ -273,7 +273,7 @@ def choose_tools(
     ours selected, the admin's choice holds. Anything that is not a list of
     text is no selection.
     """
-    ids = _selected_ids(selected)
+    ids = selected_ids(selected)
     by_id = {
         key: tool
         for tool in catalog
@@ -290,7 +290,8 @@ def choose_tools(
     return ToolChoice(tools, foreign, off)
 
 
-def _selected_ids(selected: object) -> list[str]:
+def selected_ids(selected: object) -> list[str]:
+    """The tool ids of a selection that are read (capped; text only)."""
     if not isinstance(selected, list | tuple):
         return []
     ids = (

@@ -5,6 +5,9 @@
   version from 0.6 to 0.12), one per process. SQLite by default; with
   replicas it is their shared PostgreSQL, so a run saved by one replica is
   found by another.
+- `lease_table()`: on the same database, which process runs which chat's
+  research (`adapters.run_leases`): a run left by a dead process is taken
+  up by one other.
 - `shutting_down()`: whether this process was asked to stop (SIGTERM or
   SIGINT, as an upgrade or a container redeploy sends). A run cancelled then
   keeps its checkpoint to go on after the restart; a run cancelled otherwise
@@ -13,21 +16,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
 from collections.abc import Callable
-from types import FrameType
+from types import FrameType, SimpleNamespace
 from typing import Any
 
 from ..checkpoint_store import DatabaseStore
+from ..run_leases import LeaseTable
+from . import compat
+from .continuation import Continuer
 
 log = logging.getLogger(__name__)
 
 _STORE: list[DatabaseStore] = []
+_LEASES: list[LeaseTable] = []
 _STORE_LOCK = threading.Lock()
 _SHUTDOWN = threading.Event()
 _WATCHED: set[int] = set()
+#: Where the process's continuer is kept outside Open WebUI (tests).
+_LOCAL = SimpleNamespace()
+_CONTINUER_KEY = "tongyi_deepresearch_continuer"
 
 
 def database_store() -> DatabaseStore | None:
@@ -41,6 +52,33 @@ def database_store() -> DatabaseStore | None:
             # Inside Open WebUI: a restart must not read as Stop.
             watch_shutdown()
         return _STORE[0]
+
+
+def lease_table() -> LeaseTable | None:
+    """The runs' leases on Open WebUI's database; None outside Open WebUI."""
+    with _STORE_LOCK:
+        if not _LEASES:
+            engine = _openwebui_engine()
+            if engine is None:
+                return None
+            _LEASES.append(LeaseTable(engine))
+        return _LEASES[0]
+
+
+def adopt_continuer(continuer: Continuer) -> None:
+    """Make ``continuer`` the process's one, stopping an older one.
+
+    Open WebUI loads the pipe anew when its code or valves change: the new
+    load's continuer replaces the old (kept on the app's state, which
+    outlives loads), so one process never scans twice.
+    """
+    app = compat.running_app()
+    keeper = app.state if app is not None else _LOCAL
+    previous = getattr(keeper, _CONTINUER_KEY, None)
+    if isinstance(previous, Continuer) and previous is not continuer:
+        with contextlib.suppress(RuntimeError):  # its event loop is gone
+            previous.cancel()
+    setattr(keeper, _CONTINUER_KEY, continuer)
 
 
 def _openwebui_engine() -> Any:

@@ -461,6 +461,8 @@ class ChatRenderer:
             return Rendered()
         if isinstance(event, RunResumed):
             self.book.add(event.sources)
+            for paper in event.papers:  # found before: still exported as papers
+                self.papers.setdefault(paper.url, paper)
             # The new message gets the sources read before the interruption,
             # numbered as they were cited.
             note = resumed_text(event.rounds, len(event.sources))
@@ -646,6 +648,23 @@ def _reasoning_block(match: re.Match[str]) -> str:
         '\n\n<details type="reasoning" done="true" duration="0">\n'
         f"<summary>Thought</summary>\n{lines}\n</details>\n\n"
     )
+
+
+#: A finished reasoning block as it streams, at the end of the text or not.
+_STREAMED_THINK = re.compile(r"<think>\n(.*?)\n</think>(?:\n\n)?", re.DOTALL)
+
+
+def stored_form(text: str) -> str:
+    """A message's streamed text as Open WebUI stores it once finished.
+
+    Open WebUI turns each ``<think>`` block of a streamed reply into its
+    reasoning card when it saves the message; a message written directly
+    (a research continued after a restart) needs the same form. A block
+    still open at the end is left out until it closes.
+    """
+    text = _STREAMED_THINK.sub(_reasoning_block, text)
+    opened = text.rfind(THINK_START)
+    return text[:opened] if opened != -1 else text
 
 
 class HeavyRenderer:

@@ -140,9 +140,9 @@ class BaseValves(BaseModel):
         description=(
             "Save a research's progress after every round (Open WebUI's database; "
             "the runner: beside its output) so a research interrupted by a "
-            "restart or a crash goes on from its last finished round when the "
-            "message is regenerated or the question asked again in that chat. "
-            "Heavy runs start again."
+            "restart or a crash goes on from its last finished round (by itself: "
+            "CONTINUE_AFTER_RESTART; or when the message is regenerated or the "
+            "question asked again in that chat)."
         ),
     )
     CHECKPOINT_MAX_AGE_HOURS: float = Field(
@@ -152,6 +152,24 @@ class BaseValves(BaseModel):
         description=(
             "How long an interrupted research's saved progress is kept (then "
             "removed; a finished or stopped research's at once)."
+        ),
+    )
+    CONTINUE_AFTER_RESTART: bool = Field(
+        default=True,
+        description=(
+            "When the Open WebUI process running a research dies or restarts, "
+            "another (or the same, once it is back) goes on with it by itself "
+            "from its last finished round and writes the answer into the chat; "
+            "needs RESUME_INTERRUPTED_RUNS."
+        ),
+    )
+    RUN_LEASE_SECONDS: float = Field(
+        default=60.0,
+        ge=5.0,
+        le=3600.0,
+        description=(
+            "How long a research's process may go silent before another takes "
+            "the research over (it renews its claim every third of this)."
         ),
     )
     MAX_CALLS_PER_TURN: int = Field(
