@@ -2,10 +2,12 @@
 
 Assets (in `dist/` by default):
   * the wheel and the sdist, built with `python -m build` (hatchling);
-  * `tongyi_deepresearch_pipe.py`, whose frontmatter `requirements:` line is
-    rewritten to a direct reference to this release's wheel on GitHub, so that
-    pasting the file into Open WebUI (with pip installs enabled) installs
-    exactly that wheel;
+  * `tongyi_deepresearch_pipe.py`, the checkout's file with one line changed:
+    `_RELEASE_WHEEL = ""` becomes `_RELEASE_WHEEL = "<URL of this release's
+    wheel on GitHub>"`, so that the pasted file pip-installs exactly that wheel
+    when the package is missing or older (and Open WebUI allows pip installs).
+    The file has no frontmatter `requirements:` (Open WebUI 0.6 would run pip
+    on it at every load, which fails offline even with the wheel installed);
   * `search_tool.py`, `scholar_tool.py`, `visit_tool.py`, copied as they are.
 
 The GitHub repository is `$GITHUB_REPOSITORY` when set, else the owner/name of
@@ -199,21 +201,20 @@ def repository_slug(project: Project, explicit: str | None = None) -> str:
     return slug
 
 
-def release_requirement(project: Project, slug: str) -> str:
-    """The pipe's `requirements:` value in the release: this release's wheel.
+def release_wheel_url(project: Project, slug: str) -> str:
+    """The URL of this release's wheel on GitHub (the pipe's `_RELEASE_WHEEL`).
 
     Args:
         project: The project.
         slug: The GitHub owner/name.
 
     Returns:
-        A PEP 508 direct reference, e.g. `name @ https://github.com/.../x.whl`.
+        `https://github.com/OWNER/NAME/releases/download/vX.Y.Z/<wheel>`.
     """
-    url = (
+    return (
         f"https://github.com/{slug}/releases/download/"
         f"v{project.version}/{project.wheel_name}"
     )
-    return f"{project.name} @ {url}"
 
 
 def frontmatter_block(text: str) -> list[str] | None:
@@ -316,29 +317,100 @@ def replaced_import_problems(text: str) -> list[str]:
     ]
 
 
-def rewrite_requirements(text: str, requirement: str) -> str:
-    """Replace the frontmatter's `requirements:` line, keeping everything else.
+# The pipe file's module-level constants the release build writes or checks.
+_CONSTANT_LINE = re.compile(
+    r'^(?P<name>_VERSION|_RELEASE_WHEEL) = "(?P<value>[^"\\]*)"$'
+)
+_CHECKOUT_WHEEL_LINE = '_RELEASE_WHEEL = ""'
+
+
+def pipe_constants(text: str) -> dict[str, list[str]]:
+    """Find the pipe file's `_VERSION = "..."` and `_RELEASE_WHEEL = "..."` lines.
 
     Args:
         text: The pipe file's text.
-        requirement: The new `requirements:` value.
 
     Returns:
-        The rewritten text.
+        For each of the two names, the values of its lines (one line each in a
+        well-formed file).
+    """
+    found: dict[str, list[str]] = {"_VERSION": [], "_RELEASE_WHEEL": []}
+    for line in text.splitlines():
+        match = _CONSTANT_LINE.match(line)
+        if match:
+            found[match.group("name")].append(match.group("value"))
+    return found
+
+
+def with_release_wheel(text: str, url: str) -> str:
+    """Write a wheel URL into the pipe file's `_RELEASE_WHEEL = ""` line.
+
+    Args:
+        text: The checkout's pipe file.
+        url: The release wheel's URL.
+
+    Returns:
+        The text with that one line changed and nothing else.
 
     Raises:
-        ReleaseError: The frontmatter has no `requirements:` line.
+        ReleaseError: The file has not exactly one `_RELEASE_WHEEL = ""` line,
+            or the URL cannot stand in a plain string literal.
     """
-    block = frontmatter_block(text)
-    if block is None:
-        raise ReleaseError(f"{PIPE_FILE} has no frontmatter")
+    if not re.fullmatch(r"https://[^\s\"\\]+\.whl", url):
+        raise ReleaseError(f"not a wheel URL for {PIPE_FILE}: {url!r}")
     lines = text.splitlines(keepends=True)
-    for index, line in enumerate(lines[1 : len(block) + 1], start=1):
-        if re.match(r"^requirements:", line):
-            ending = line[len(line.rstrip("\r\n")) :]
-            lines[index] = f"requirements: {requirement}{ending}"
-            return "".join(lines)
-    raise ReleaseError(f"{PIPE_FILE} frontmatter has no requirements: line")
+    indexes = [
+        index
+        for index, line in enumerate(lines)
+        if line.rstrip("\r\n") == _CHECKOUT_WHEEL_LINE
+    ]
+    if len(indexes) != 1:
+        raise ReleaseError(
+            f"{PIPE_FILE} needs exactly one `{_CHECKOUT_WHEEL_LINE}` line "
+            f"(found {len(indexes)})"
+        )
+    line = lines[indexes[0]]
+    ending = line[len(line.rstrip("\r\n")) :]
+    lines[indexes[0]] = f'_RELEASE_WHEEL = "{url}"{ending}'
+    return "".join(lines)
+
+
+def pipe_problems(text: str, version: str, wheel_url: str) -> list[str]:
+    """Check the pipe file's install contract.
+
+    Args:
+        text: The pipe file's text (checkout or release asset).
+        version: The project version.
+        wheel_url: What `_RELEASE_WHEEL` must hold ("" in the checkout).
+
+    Returns:
+        Human-readable problems (empty when fine): a non-empty frontmatter
+        `requirements:` (Open WebUI would pip-install it at every load), and
+        `_VERSION` or `_RELEASE_WHEEL` missing, repeated or not as expected.
+    """
+    problems = []
+    requirements = parse_frontmatter(text).get("requirements", "")
+    if requirements:
+        problems.append(
+            f"frontmatter requirements is {requirements!r}: Open WebUI would "
+            "pip-install it at every load (the file installs its wheel itself)"
+        )
+    expected = {"_VERSION": version, "_RELEASE_WHEEL": wheel_url}
+    constants = pipe_constants(text)
+    for name, values in constants.items():
+        if len(values) != 1:
+            problems.append(
+                f'needs exactly one `{name} = "..."` line (found {len(values)})'
+            )
+        elif values[0] != expected[name]:
+            problems.append(f"{name} is {values[0]!r}, not {expected[name]!r}")
+    meta_version = parse_frontmatter(text).get("version")
+    if constants["_VERSION"] and constants["_VERSION"][0] != meta_version:
+        problems.append(
+            f"_VERSION {constants['_VERSION'][0]!r} is not the frontmatter "
+            f"version {meta_version!r}"
+        )
+    return problems
 
 
 def _remove_stale_assets(project: Project, out_dir: Path) -> None:
@@ -359,7 +431,7 @@ def build(project: Project, out_dir: Path, slug: str) -> list[Path]:
     Args:
         project: The project to release.
         out_dir: Where the assets go (created if needed).
-        slug: The GitHub owner/name the pipe's requirement points to.
+        slug: The GitHub owner/name the pipe's wheel URL points to.
 
     Returns:
         The six asset paths, wheel and sdist first.
@@ -384,7 +456,7 @@ def build(project: Project, out_dir: Path, slug: str) -> list[Path]:
     for name in TOOL_FILES:
         shutil.copyfile(project.root / name, out_dir / name)
     pipe_text = (project.root / PIPE_FILE).read_text(encoding="utf-8")
-    release_pipe = rewrite_requirements(pipe_text, release_requirement(project, slug))
+    release_pipe = with_release_wheel(pipe_text, release_wheel_url(project, slug))
     (out_dir / PIPE_FILE).write_text(release_pipe, encoding="utf-8", newline="")
     return [out_dir / name for name in project.asset_names()]
 
@@ -490,7 +562,7 @@ def _sdist_problems(project: Project, sdist: Path) -> list[str]:
 
 
 def _python_asset_problems(project: Project, out_dir: Path, slug: str) -> list[str]:
-    """Check the four .py assets: frontmatter, requirement, sources."""
+    """Check the four .py assets: frontmatter, the pipe's wheel URL, sources."""
     problems = []
     for name in ROOT_FILES:
         path = out_dir / name
@@ -503,21 +575,25 @@ def _python_asset_problems(project: Project, out_dir: Path, slug: str) -> list[s
         problems.extend(f"{name}: {p}" for p in replaced_import_problems(text))
     pipe = out_dir / PIPE_FILE
     if pipe.is_file():
-        requirement = parse_frontmatter(pipe.read_text(encoding="utf-8")).get(
-            "requirements"
+        release_pipe = pipe.read_text(encoding="utf-8")
+        expected = release_wheel_url(project, slug)
+        problems.extend(
+            f"{PIPE_FILE}: {p}"
+            for p in pipe_problems(release_pipe, project.version, expected)
         )
-        expected = release_requirement(project, slug)
-        if requirement != expected:
-            problems.append(
-                f"{PIPE_FILE}: requirements is {requirement!r}, not {expected!r}"
-            )
         checkout_pipe = (project.root / PIPE_FILE).read_text(encoding="utf-8")
-        if pipe.read_text(encoding="utf-8") != rewrite_requirements(
-            checkout_pipe, expected
-        ):
-            problems.append(
-                f"{PIPE_FILE}: differs from the checkout beyond requirements"
-            )
+        checkout_problems = pipe_problems(checkout_pipe, project.version, "")
+        problems.extend(f"checkout {PIPE_FILE}: {p}" for p in checkout_problems)
+        if not checkout_problems:
+            try:
+                wanted = with_release_wheel(checkout_pipe, expected)
+            except ReleaseError as error:
+                problems.append(str(error))
+            else:
+                if release_pipe != wanted:
+                    problems.append(
+                        f"{PIPE_FILE}: differs from the checkout beyond _RELEASE_WHEEL"
+                    )
     for name in TOOL_FILES:
         asset = out_dir / name
         module = project.root / "src" / PACKAGE / "tools" / name
@@ -536,7 +612,7 @@ def check(project: Project, out_dir: Path, slug: str) -> list[str]:
     Args:
         project: The project the assets should belong to.
         out_dir: Where the assets are.
-        slug: The GitHub owner/name the pipe's requirement must point to.
+        slug: The GitHub owner/name the pipe's wheel URL must point to.
 
     Returns:
         Human-readable problems (empty when the assets are right).

@@ -134,14 +134,25 @@ print(cls.__module__ + "|" + inspect.getfile(cls) + "|" + type(instance).__name_
 
 
 def run_probe(
-    python: Path | str, mode: str, path: Path, class_name: str, cwd: Path
+    python: Path | str,
+    mode: str,
+    path: Path,
+    class_name: str,
+    cwd: Path,
+    *,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Load one pasted file in a fresh isolated interpreter (see LOAD_PROBE)."""
+    """Load one pasted file in a fresh isolated interpreter (see LOAD_PROBE).
+
+    `env` replaces the environment (Open WebUI's, which the pipe file reads and
+    hands to pip); by default the probe inherits this process's.
+    """
     return subprocess.run(
         [str(python), "-I", "-c", LOAD_PROBE, mode, str(path), class_name],
         capture_output=True,
         text=True,
         cwd=cwd,
+        env=env,
         timeout=240,
         check=False,
     )

@@ -102,9 +102,15 @@ def test_frontmatter_version_is_the_package_version(path):
     )
 
 
-def test_pipe_requires_the_same_package_version():
-    meta = openwebui_frontmatter(_read(ROOT / PIPE_FILE))
-    assert meta["requirements"] == f"{DISTRIBUTION}=={project_version()}"
+def test_pipe_gives_open_webui_nothing_to_pip_install():
+    # The file installs the release wheel itself (its _RELEASE_WHEEL, empty in
+    # the checkout): a `requirements:` line would make Open WebUI 0.6 run pip at
+    # every load, which fails offline even with the package installed.
+    content = _read(ROOT / PIPE_FILE)
+    assert "requirements" not in openwebui_frontmatter(content)
+    assert BUILD_RELEASE.pipe_problems(content, project_version(), "") == []
+    assert f'\n_VERSION = "{project_version()}"\n' in content
+    assert '\n_RELEASE_WHEEL = ""\n' in content
 
 
 def test_changelog_has_a_section_for_the_version():
@@ -149,7 +155,6 @@ def test_pipe_frontmatter_values():
         "description": "Deep research with Alibaba's Tongyi DeepResearch model: it "
         "searches, reads pages and thinks round after round, then writes a "
         "sourced answer.",
-        "requirements": f"{DISTRIBUTION}=={project_version()}",
         "required_open_webui_version": "0.6.0",
     }
 

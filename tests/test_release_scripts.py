@@ -1,5 +1,5 @@
-"""Unit tests of the release helpers: changelog sections, requirement rewrite,
-repository detection, workflow path check. Fast; nothing is built here."""
+"""Unit tests of the release helpers: changelog sections, the pipe file's wheel
+URL, repository detection, workflow path check. Fast; nothing is built here."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from tests.packaging_support import (
     PIPE_FILE,
     ROOT,
     load_script,
-    openwebui_frontmatter,
     project_version,
     wheel_name,
 )
@@ -176,35 +175,91 @@ def test_repository_that_is_not_github_is_refused(monkeypatch):
         build_release.repository_slug(_project("https://gitlab.com/acme/thing"))
 
 
-def test_release_requirement_points_at_the_release_wheel():
-    assert build_release.release_requirement(_project(), "acme/thing") == (
-        f"{DISTRIBUTION} @ https://github.com/acme/thing/releases/download/"
-        f"v1.2.3/{wheel_name('1.2.3')}"
+def test_release_wheel_url_points_at_the_release_wheel():
+    assert build_release.release_wheel_url(_project(), "acme/thing") == (
+        f"https://github.com/acme/thing/releases/download/v1.2.3/{wheel_name('1.2.3')}"
     )
 
 
-def test_rewrite_requirements_changes_only_that_line():
+def test_with_release_wheel_changes_only_that_line():
     original = (ROOT / PIPE_FILE).read_text(encoding="utf-8")
-    rewritten = build_release.rewrite_requirements(original, "pkg @ https://x/y.whl")
-    assert openwebui_frontmatter(rewritten)["requirements"] == "pkg @ https://x/y.whl"
+    url = "https://github.com/acme/thing/releases/download/v1/x-1-py3-none-any.whl"
+    rewritten = build_release.with_release_wheel(original, url)
     before = original.splitlines()
     after = rewritten.splitlines()
     assert len(before) == len(after)
     changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
     assert len(changed) == 1
-    assert before[changed[0]].startswith("requirements: ")
+    assert before[changed[0]] == '_RELEASE_WHEEL = ""'
+    assert after[changed[0]] == f'_RELEASE_WHEEL = "{url}"'
+    assert build_release.pipe_constants(rewritten)["_RELEASE_WHEEL"] == [url]
 
 
-def test_rewrite_requirements_ignores_lines_after_the_frontmatter():
-    text = '"""\ntitle: T\nrequirements: a\n"""\nrequirements: b\n'
-    assert build_release.rewrite_requirements(text, "c") == (
-        '"""\ntitle: T\nrequirements: c\n"""\nrequirements: b\n'
+def test_with_release_wheel_keeps_the_line_ending():
+    text = '"""\r\ntitle: T\r\n"""\r\n_RELEASE_WHEEL = ""\r\nx = 1\r\n'
+    assert build_release.with_release_wheel(text, "https://h/x.whl") == (
+        '"""\r\ntitle: T\r\n"""\r\n_RELEASE_WHEEL = "https://h/x.whl"\r\nx = 1\r\n'
     )
 
 
-def test_rewrite_requirements_without_the_line_fails():
-    with pytest.raises(build_release.ReleaseError, match="requirements"):
-        build_release.rewrite_requirements('"""\ntitle: T\n"""\n', "c")
+@pytest.mark.parametrize(
+    "text",
+    [
+        '"""\ntitle: T\n"""\n',
+        '_RELEASE_WHEEL = ""\n_RELEASE_WHEEL = ""\n',
+        '_RELEASE_WHEEL = "https://h/old.whl"\n',
+    ],
+    ids=["no-line", "two-lines", "already-set"],
+)
+def test_with_release_wheel_needs_exactly_one_empty_line(text):
+    with pytest.raises(build_release.ReleaseError, match="exactly one"):
+        build_release.with_release_wheel(text, "https://h/x.whl")
+
+
+@pytest.mark.parametrize(
+    "url", ["http://h/x.whl", 'https://h/x".whl', "https://h/x y.whl", "https://h/x"]
+)
+def test_with_release_wheel_refuses_what_is_not_a_plain_wheel_url(url):
+    with pytest.raises(build_release.ReleaseError, match="not a wheel URL"):
+        build_release.with_release_wheel('_RELEASE_WHEEL = ""\n', url)
+
+
+_PIPE_HEAD = (
+    '"""\nid: x\ntitle: X\nauthor: a\nauthor_url: u\nversion: 1.2.3\n'
+    "license: MIT\ndescription: d\nrequired_open_webui_version: 0.6.0\n"
+)
+
+
+def test_pipe_problems_accept_the_checkout_and_the_release_contract():
+    body = '"""\n_VERSION = "1.2.3"\n_RELEASE_WHEEL = ""\n'
+    assert build_release.pipe_problems(_PIPE_HEAD + body, "1.2.3", "") == []
+    empty = _PIPE_HEAD + "requirements:\n" + body
+    assert build_release.pipe_problems(empty, "1.2.3", "") == []
+    released = body.replace('""\n', '"https://h/x.whl"\n')
+    assert (
+        build_release.pipe_problems(_PIPE_HEAD + released, "1.2.3", "https://h/x.whl")
+        == []
+    )
+
+
+def test_pipe_problems_flag_requirements_and_wrong_constants():
+    text = (
+        _PIPE_HEAD
+        + 'requirements: pkg @ https://h/x.whl\n"""\n'
+        + '_VERSION = "1.2.2"\n_RELEASE_WHEEL = "https://h/y.whl"\n'
+        + '_RELEASE_WHEEL = "https://h/y.whl"\n'
+    )
+    assert build_release.pipe_problems(text, "1.2.3", "https://h/x.whl") == [
+        "frontmatter requirements is 'pkg @ https://h/x.whl': Open WebUI would "
+        "pip-install it at every load (the file installs its wheel itself)",
+        "_VERSION is '1.2.2', not '1.2.3'",
+        'needs exactly one `_RELEASE_WHEEL = "..."` line (found 2)',
+        "_VERSION '1.2.2' is not the frontmatter version '1.2.3'",
+    ]
+    assert build_release.pipe_problems(_PIPE_HEAD + '"""\n', "1.2.3", "") == [
+        'needs exactly one `_VERSION = "..."` line (found 0)',
+        'needs exactly one `_RELEASE_WHEEL = "..."` line (found 0)',
+    ]
 
 
 def test_frontmatter_problems_flags_what_open_webui_would_misread():

@@ -193,3 +193,75 @@ def test_an_html_answer_from_the_api_is_a_clear_error() -> None:
         client = installer.RestClient(server.base_url)
         with pytest.raises(installer.OpenWebUIError, match="not JSON"):
             client.get("/api/v1/functions/")
+
+
+def _fake_openwebui_venv(tmp_path: Path) -> tuple[Path, Path]:
+    """A venv whose ``open-webui`` records the settings it got, then exits."""
+    venv, seen = tmp_path / "venv", tmp_path / "seen.env"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    server = venv / "bin" / "open-webui"
+    server.write_text(
+        "#!/usr/bin/env bash\n"
+        f'printf "%s\\n" "ENABLE_WEB_SEARCH=$ENABLE_WEB_SEARCH" '
+        f'"WEB_SEARCH_ENGINE=$WEB_SEARCH_ENGINE" > "{seen}"\n',
+        encoding="utf-8",
+    )
+    server.chmod(0o755)
+    return venv, seen
+
+
+def _environment_without_search() -> dict[str, str]:
+    names = ("WEB_SEARCH_ENGINE", "ENABLE_WEB_SEARCH")
+    return {k: v for k, v in os.environ.items() if k not in names}
+
+
+def test_serve_searches_with_duckduckgo_when_no_engine_is_named(tmp_path: Path) -> None:
+    venv, seen = _fake_openwebui_venv(tmp_path)
+    result = subprocess.run(
+        ["bash", str(SERVE), "--no-prepare"],
+        capture_output=True,
+        text=True,
+        env={
+            **_environment_without_search(),
+            "TDR_OWUI_VENV": str(venv),
+            "DATA_DIR": str(tmp_path / "data"),
+            "PORT": str(_closed_port()),
+        },
+        timeout=120,
+        check=False,
+    )
+
+    assert seen.read_text(encoding="utf-8").splitlines() == [
+        "ENABLE_WEB_SEARCH=true",
+        "WEB_SEARCH_ENGINE=duckduckgo",
+    ]
+    assert (
+        "[serve] web search: DuckDuckGo (no key needed; name another with "
+        "WEB_SEARCH_ENGINE=..., read on a data directory's first start, then in "
+        "Admin Settings > Web Search)"
+    ) in result.stderr.splitlines()
+
+
+def test_serve_keeps_the_engine_the_user_named(tmp_path: Path) -> None:
+    venv, seen = _fake_openwebui_venv(tmp_path)
+    result = subprocess.run(
+        ["bash", str(SERVE), "--no-prepare"],
+        capture_output=True,
+        text=True,
+        env={
+            **_environment_without_search(),
+            "WEB_SEARCH_ENGINE": "searxng",
+            "TDR_OWUI_VENV": str(venv),
+            "DATA_DIR": str(tmp_path / "data"),
+            "PORT": str(_closed_port()),
+        },
+        timeout=120,
+        check=False,
+    )
+
+    assert seen.read_text(encoding="utf-8").splitlines() == [
+        "ENABLE_WEB_SEARCH=true",
+        "WEB_SEARCH_ENGINE=searxng",
+    ]
+    assert "[serve] web search: searxng" in result.stderr.splitlines()
