@@ -3,7 +3,7 @@ id: tongyi_deepresearch
 title: Tongyi DeepResearch
 author: tongyi-deepresearch-openwebui-pipeline contributors
 author_url: https://github.com/tongyi-deepresearch-openwebui/tongyi-deepresearch-openwebui-pipeline
-version: 0.1.0
+version: 0.2.0
 license: MIT
 description: Deep research with Alibaba's Tongyi DeepResearch model: it searches, reads pages and thinks round after round, then writes a sourced answer.
 required_open_webui_version: 0.6.0
@@ -45,7 +45,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-_VERSION = "0.1.0"
+_VERSION = "0.2.0"
 _RELEASE_WHEEL = ""
 
 _PACKAGE = "tongyi_deepresearch_openwebui_pipeline"

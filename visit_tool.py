@@ -3,7 +3,7 @@ id: deepresearch_visit
 title: DeepResearch Visit
 author: tongyi-deepresearch-openwebui-pipeline contributors
 author_url: https://github.com/tongyi-deepresearch-openwebui/tongyi-deepresearch-openwebui-pipeline
-version: 0.1.0
+version: 0.2.0
 license: MIT
 description: Read web pages and PDFs safely; extract what matters for a goal.
 requirements:

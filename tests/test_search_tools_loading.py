@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tongyi_deepresearch_openwebui_pipeline import __version__
 from tongyi_deepresearch_openwebui_pipeline.tools import (
     scholar_tool,
     search_tool,
@@ -327,7 +328,9 @@ def test_real_open_webui_loads_specs_and_searches(owui_env: dict[str, str]) -> N
     out = json.loads(line.removeprefix("RESULT="))
 
     assert out["deepresearch_search"]["frontmatter"]["id"] == "deepresearch_search"
-    assert out["deepresearch_scholar"]["frontmatter"]["version"] == "0.1.0"
+    assert (
+        out["deepresearch_scholar"]["frontmatter"]["version"] == __version__
+    )  # the release the package is
     assert out["deepresearch_search"]["specs"] == [
         {
             "name": "search",

@@ -195,8 +195,14 @@ def test_an_html_answer_from_the_api_is_a_clear_error() -> None:
             client.get("/api/v1/functions/")
 
 
-def _fake_openwebui_venv(tmp_path: Path) -> tuple[Path, Path]:
-    """A venv whose ``open-webui`` records the settings it got, then exits."""
+def _serve_with_fake_openwebui(
+    tmp_path: Path, **env: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run scripts/serve over an ``open-webui`` that records its settings.
+
+    Returns the run and the web search settings ``open-webui`` got. The
+    environment has no search settings but ``env``'s.
+    """
     venv, seen = tmp_path / "venv", tmp_path / "seen.env"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
@@ -208,22 +214,14 @@ def _fake_openwebui_venv(tmp_path: Path) -> tuple[Path, Path]:
         encoding="utf-8",
     )
     server.chmod(0o755)
-    return venv, seen
-
-
-def _environment_without_search() -> dict[str, str]:
     names = ("WEB_SEARCH_ENGINE", "ENABLE_WEB_SEARCH")
-    return {k: v for k, v in os.environ.items() if k not in names}
-
-
-def test_serve_searches_with_duckduckgo_when_no_engine_is_named(tmp_path: Path) -> None:
-    venv, seen = _fake_openwebui_venv(tmp_path)
     result = subprocess.run(
         ["bash", str(SERVE), "--no-prepare"],
         capture_output=True,
         text=True,
         env={
-            **_environment_without_search(),
+            **{k: v for k, v in os.environ.items() if k not in names},
+            **env,
             "TDR_OWUI_VENV": str(venv),
             "DATA_DIR": str(tmp_path / "data"),
             "PORT": str(_closed_port()),
@@ -231,11 +229,13 @@ def test_serve_searches_with_duckduckgo_when_no_engine_is_named(tmp_path: Path) 
         timeout=120,
         check=False,
     )
+    return result, seen.read_text(encoding="utf-8").splitlines()
 
-    assert seen.read_text(encoding="utf-8").splitlines() == [
-        "ENABLE_WEB_SEARCH=true",
-        "WEB_SEARCH_ENGINE=duckduckgo",
-    ]
+
+def test_serve_searches_with_duckduckgo_when_no_engine_is_named(tmp_path: Path) -> None:
+    result, settings = _serve_with_fake_openwebui(tmp_path)
+
+    assert settings == ["ENABLE_WEB_SEARCH=true", "WEB_SEARCH_ENGINE=duckduckgo"]
     assert (
         "[serve] web search: DuckDuckGo (no key needed; name another with "
         "WEB_SEARCH_ENGINE=..., read on a data directory's first start, then in "
@@ -244,24 +244,7 @@ def test_serve_searches_with_duckduckgo_when_no_engine_is_named(tmp_path: Path) 
 
 
 def test_serve_keeps_the_engine_the_user_named(tmp_path: Path) -> None:
-    venv, seen = _fake_openwebui_venv(tmp_path)
-    result = subprocess.run(
-        ["bash", str(SERVE), "--no-prepare"],
-        capture_output=True,
-        text=True,
-        env={
-            **_environment_without_search(),
-            "WEB_SEARCH_ENGINE": "searxng",
-            "TDR_OWUI_VENV": str(venv),
-            "DATA_DIR": str(tmp_path / "data"),
-            "PORT": str(_closed_port()),
-        },
-        timeout=120,
-        check=False,
-    )
+    result, settings = _serve_with_fake_openwebui(tmp_path, WEB_SEARCH_ENGINE="searxng")
 
-    assert seen.read_text(encoding="utf-8").splitlines() == [
-        "ENABLE_WEB_SEARCH=true",
-        "WEB_SEARCH_ENGINE=searxng",
-    ]
+    assert settings == ["ENABLE_WEB_SEARCH=true", "WEB_SEARCH_ENGINE=searxng"]
     assert "[serve] web search: searxng" in result.stderr.splitlines()

@@ -18,6 +18,7 @@ import pytest
 
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.pages import ARTICLE_HTML, VISIT_TOOL_PATH, PageSite, load_visit_tool
+from tongyi_deepresearch_openwebui_pipeline import __version__
 
 vt = load_visit_tool("visit_tool_format_tests")
 
@@ -264,7 +265,7 @@ def test_frontmatter() -> None:
     assert meta["author_url"].startswith(
         "https://github.com/tongyi-deepresearch-openwebui/"
     )
-    assert meta["version"] == "0.1.0"
+    assert meta["version"] == __version__
     assert meta["license"] == "MIT"
     assert meta["description"]
     # httpx and pypdf ship with Open WebUI: nothing for it to pip-install.

@@ -1,3 +1,3 @@
 """Run Tongyi DeepResearch as a deep-research assistant inside Open WebUI."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

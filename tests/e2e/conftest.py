@@ -13,7 +13,8 @@ CI (``CI`` set), where that is a failure.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+import tomllib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from tests.fakes.searxng import FakeSearXNG
 
 from .owui import (
     PIPE_FILE,
+    ROOT,
     Api,
     OpenWebUIServer,
     ScriptedModel,
@@ -34,7 +36,15 @@ from .owui import (
     venv_problem,
     web_search_env,
 )
-from .shared import fake_model_valves, unavailable
+from .release import (
+    Installed,
+    ReleaseAssets,
+    build_assets,
+    install_wheel,
+    installed_version,
+    start_installed,
+)
+from .shared import pipe_valves, unavailable
 
 ADMIN_NAME = "E2E Admin"
 ADMIN_EMAIL = "admin@example.com"
@@ -65,13 +75,6 @@ class OwuiSession:
     def token(self) -> str:
         """The admin's bearer token."""
         return self.api.token
-
-
-def pipe_valves(fake_model: FakeOpenAI) -> dict[str, Any]:
-    """Valves pointing the pipe at the fake model server, with short limits."""
-    return fake_model_valves(
-        fake_model, api_key="sk-e2e-test-key", request_timeout=60, tool_timeout=90
-    )
 
 
 @pytest.fixture(scope="session")
@@ -176,6 +179,51 @@ def scholar_apis(owui: OwuiSession, apis: FakeScholarly) -> Iterator[FakeScholar
         yield apis
     finally:
         owui.api.post(valves, {})
+
+
+# -- release assets and servers of a test's own (test_release_*) ---------------
+
+
+@pytest.fixture(scope="session")
+def release_assets(tmp_path_factory: pytest.TempPathFactory) -> ReleaseAssets:
+    """This checkout's release assets, built once for the session."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    out_dir = tmp_path_factory.mktemp("release-assets")
+    return build_assets(ROOT, out_dir, pyproject["project"]["version"])
+
+
+@pytest.fixture
+def prepared_venv(
+    owui_venv_path: Path, release_assets: ReleaseAssets
+) -> Iterator[Path]:
+    """The Open WebUI venv; the project's wheel reinstalled after the test."""
+    assert installed_version(owui_venv_path) == release_assets.version, (
+        "scripts/prepare-e2e installs the project's wheel into the venv"
+    )
+    try:
+        yield owui_venv_path
+    finally:
+        install_wheel(owui_venv_path, release_assets.wheel)
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., Installed]]:
+    """Start an Open WebUI of the test's own (stopped after the test).
+
+    Called with the venv and the extra environment; one model server for all.
+    """
+    started: list[OpenWebUIServer] = []
+    with FakeOpenAI("Tongyi-DeepResearch-release") as model:
+
+        def start(venv: Path, extra_env: dict[str, str]) -> Installed:
+            return start_installed(venv, tmp_path, model, extra_env, started)
+
+        try:
+            yield start
+        finally:
+            for server in started:
+                server.stop()
+                server.keep_log("open-webui-release.log")
 
 
 @pytest.hookimpl(wrapper=True)

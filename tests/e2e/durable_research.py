@@ -29,6 +29,7 @@ from typing import Any
 
 from tests.fakes.openai_server import Reply, answer, tool_call
 from tests.fakes.pages import PageSite
+from tongyi_deepresearch_openwebui_pipeline.core.phrasing import resumed_text
 
 from .owui import (
     PIPE_MODEL_ID,
@@ -178,6 +179,45 @@ def difference(after: list[int], before: list[int]) -> list[int]:
 def source_urls(message: dict[str, Any]) -> list[str]:
     """The URLs of a saved message's sources, in their order (their numbers)."""
     return [str(s["metadata"][0]["source"]) for s in message.get("sources") or []]
+
+
+def assert_resumed_research(
+    research: DurableResearch,
+    message: dict[str, Any],
+    *,
+    killed: str,
+    resumed: str,
+    fetched_until_kill: list[int],
+    fetched_after: list[int],
+) -> None:
+    """A research killed in its round ``research.hold_round``, then taken up.
+
+    ``killed`` and ``resumed`` are the two phases; ``fetched_until_kill`` and
+    ``fetched_after`` each page's fetches in them. The model was asked rounds
+    1 to the held one, then that round (the one in flight, with the very
+    conversation it had) to the end: no finished round twice. Each page was
+    fetched and read once, before or after the kill. The ``message`` says it
+    resumed, keeps the sources' numbers and cites pages read before and after
+    the kill; its citation check quoted the evidence read before the kill
+    (the first three of the six pages cited, one call each).
+    """
+    finished = research.hold_round - 1
+    content = str(message["content"])
+    assert research.turns(killed) == list(range(finished + 1))
+    assert research.turns(resumed) == list(range(finished, PAGES + 1))
+    in_flight = research.conversations(killed)[finished]
+    assert research.conversations(resumed)[0] == in_flight
+    before, after = list(range(1, finished + 1)), list(range(finished + 1, PAGES + 1))
+    assert fetched_until_kill == [int(k in before) for k in range(1, PAGES + 1)]
+    assert fetched_after == [int(k in after) for k in range(1, PAGES + 1)]
+    assert research.pages_read(killed) == before
+    assert research.pages_read(resumed) == after
+    note = resumed_text(finished, finished)
+    assert content.splitlines()[0] == f"*{note}*", content[:500]
+    assert source_urls(message) == [research.url(k) for k in range(1, PAGES + 1)]
+    assert research.answer_shown() in content.splitlines(), content
+    assert research.pages_checked(resumed) == [1, 2, 3]
+    assert research.pages_checked(killed) == []
 
 
 # -- what the browser sends --------------------------------------------------------

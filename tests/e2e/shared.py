@@ -65,3 +65,10 @@ def page_site() -> Iterator[PageSite]:
     """Local web pages (HTML and PDF) for the visit tool."""
     with PageSite() as site:
         yield site
+
+
+def pipe_valves(fake_model: FakeOpenAI) -> dict[str, Any]:
+    """Valves pointing the pipe at the fake model server, with short limits."""
+    return fake_model_valves(
+        fake_model, api_key="sk-e2e-test-key", request_timeout=60, tool_timeout=90
+    )

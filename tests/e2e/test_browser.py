@@ -1,6 +1,8 @@
 """A user in headless Chromium: sign in, pick the model, ask, see the research.
 
-Also: the Stop button ends a live research run (the model's connection is
+Also: a research that reads three pages, as README's screenshot shows it
+(the answer citing them, "Sources read", the research summary opened); the
+Stop button ends a live research run (the model's connection is
 dropped, the message is saved as done, no task is left); and, on 0.12, where
 a user makes the per-chat choices: the chat input's tool selector (only the
 scholar tool picked: the research offers the model that tool alone) and its
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import os
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -30,7 +33,9 @@ from playwright.async_api import FloatRect, Page, Route, async_playwright, expec
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from tests.fakes.client_watch import ClientWatch
+from tests.fakes.http import LocalServer, Response
 from tests.fakes.openai_server import FakeOpenAI, Reply, StreamGate, answer, tool_call
+from tests.fakes.pages import page_text_from_prompt
 from tests.fakes.scholarly import FakeScholarly, openalex_work
 from tests.fakes.searxng import FakeSearXNG, result
 from tongyi_deepresearch_openwebui_pipeline.adapters.openwebui.catalog import (
@@ -185,6 +190,165 @@ async def test_user_sees_reasoning_tool_card_and_answer(
         )
     assert SCREENSHOT.stat().st_size > 10_000
     assert len(model.bodies("wind turbines")) == 2
+
+
+# -- a research that reads pages (README's docs/screenshot.png) ---------------------
+
+READ_QUESTION = "Why do large wind turbines have three blades rather than two?"
+READ_KEY = "three blades rather than two"
+#: The pages the research reads: path, title, the paragraphs of the article.
+ARTICLES = (
+    (
+        "/energy-capture",
+        "How blade count changes energy capture",
+        (
+            "A rotor's power coefficient rises with its number of blades, but "
+            "the gain shrinks quickly.",
+            "Going from two blades to three adds about 3% to the energy "
+            "captured over a year; a fourth blade adds less than 1% more.",
+            "Each extra blade also adds material, weight and cost to the rotor.",
+        ),
+    ),
+    (
+        "/two-bladed-rotors",
+        "Two-bladed rotors: faster, louder, cheaper to lift",
+        (
+            "A two-bladed rotor must turn faster to capture the same wind.",
+            "Its higher tip speed makes it louder, and the faster rotation "
+            "wears the gearbox and the hub.",
+            "It is lighter and easier to lift, which is why some offshore "
+            "prototypes used two blades.",
+        ),
+    ),
+    (
+        "/yaw-loads",
+        "Why three blades turn smoothly into the wind",
+        (
+            "When a rotor turns to face the wind (yaw), a two-bladed rotor's "
+            "inertia changes twice per turn, shaking the tower.",
+            "With three blades or more the rotor's inertia is the same in "
+            "every direction, so it yaws without that wobble.",
+            "This is the main mechanical reason three blades became standard.",
+        ),
+    ),
+)
+READ_EVIDENCE = (
+    "Three blades capture about 3% more energy than two; a fourth adds under 1%.",
+    "Two-bladed rotors spin faster, so they are louder and wear the gearbox.",
+    "Three blades give the rotor the same inertia in every direction.",
+)
+#: What a user sees under the answer: the sources read and the summary open
+#: (README's docs/screenshot.png is a copy, taken on 0.12.4).
+RESEARCH_SCREENSHOT = ARTIFACTS / "browser-research.png"
+
+
+def _article(title: str, paragraphs: tuple[str, ...]) -> Response:
+    body = "".join(f"<p>{text}</p>" for text in paragraphs)
+    return Response.text(
+        f"<!doctype html><html><head><title>{title}</title></head><body>"
+        f"<header><nav><a href='/'>Wind Energy Notes</a></nav></header>"
+        f"<main><article><h1>{title}</h1>{body}</article></main></body></html>",
+        content_type="text/html; charset=utf-8",
+    )
+
+
+@pytest.fixture
+def wind_site() -> Iterator[LocalServer]:
+    """The three articles, served on 127.0.0.1."""
+    routes = {
+        path: (lambda _r, t=title, p=paragraphs: _article(t, p))
+        for path, title, paragraphs in ARTICLES
+    }
+    with LocalServer(routes) as site:
+        yield site
+
+
+async def test_user_sees_the_pages_read_cited_and_listed(
+    page: Page,
+    owui: OwuiSession,
+    model: ScriptedModel,
+    search: FakeSearXNG,
+    wind_site: LocalServer,
+) -> None:
+    """Search, read three pages, answer citing them: what README shows."""
+    urls = [wind_site.url(path) for path, _, _ in ARTICLES]
+    titles = [title for _, title, _ in ARTICLES]
+    search.script(
+        "two vs three blade wind turbine",
+        results=[
+            result(url, title, paragraphs[0])
+            for url, (_, title, paragraphs) in zip(urls, ARTICLES, strict=True)
+        ],
+    )
+
+    def extract(prompt: str) -> Reply:
+        text = page_text_from_prompt(prompt)
+        (k,) = [k for k, (_, title, _) in enumerate(ARTICLES) if title in text]
+        summary = f"The page explains: {ARTICLES[k][2][1]}"
+        return Reply(
+            content=json.dumps(
+                {"rational": "r", "evidence": READ_EVIDENCE[k], "summary": summary}
+            )
+        )
+
+    model.extractor = extract
+    model.verdicts = lambda _statement, _body: Reply("SUPPORTED\nThe page says it.")
+    model.conversation(
+        READ_KEY,
+        Reply(
+            reasoning="I should find why three blades became the standard.",
+            content=tool_call("search", {"query": ["two vs three blade wind turbine"]}),
+        ),
+        Reply(
+            reasoning="Three articles look relevant: read all of them.",
+            content=tool_call(
+                "visit", {"url": urls, "goal": "why three blades are standard"}
+            ),
+        ),
+        Reply(
+            reasoning="The pages agree on energy, noise and yaw loads.",
+            content=answer(
+                "Large turbines use three blades because it balances energy, "
+                "cost and mechanical loads best.\n\n"
+                f"- **Energy**: a third blade adds [about 3% more energy]({urls[0]}) "
+                "than two; a fourth adds under 1%.\n"
+                f"- **Noise and wear**: two blades must spin faster, which [makes "
+                f"them louder and harder on the gearbox]({urls[1]}).\n"
+                f"- **Smooth yaw**: three blades [turn into the wind without the "
+                f"wobble]({urls[2]}) of a two-bladed rotor."
+            ),
+        ),
+    )
+    # Tall enough for the whole message with its summary open (the chat
+    # scrolls inside the page: a full-page screenshot is the window).
+    await page.set_viewport_size({"width": 1280, "height": 1240})
+    try:
+        await sign_in_and_ask(page, owui, MODEL_NAME, READ_QUESTION)
+        sources_read = page.get_by_text("Sources read", exact=True)
+        await sources_read.wait_for(timeout=120_000)
+        # Every page read is listed under the answer, as a link, in order.
+        listed = page.locator("ol", has=page.get_by_role("link", name=titles[0]))
+        await expect(listed.last.get_by_role("link")).to_have_text(titles)
+        await page.get_by_text("Research summary", exact=True).click()
+        await page.get_by_text(
+            "Pages read: 3 of 3 requested (3 cited as sources)"
+        ).wait_for()
+        await page.get_by_text(
+            re.compile(r"Citations: 3 of 3 statements supported")
+        ).wait_for()
+        await settled(page)
+    finally:  # also what a failure looked like
+        ARTIFACTS.mkdir(exist_ok=True)
+        await page.screenshot(path=str(RESEARCH_SCREENSHOT), full_page=True)
+        (ARTIFACTS / "browser-research.html").write_text(
+            await page.content(), encoding="utf-8"
+        )
+    assert RESEARCH_SCREENSHOT.stat().st_size > 10_000
+    # The research read each page once and answered from them.
+    assert sorted(r.path for r in wind_site.requests) == sorted(
+        p for p, _, _ in ARTICLES
+    )
+    assert len(model.bodies(READ_KEY)) == 3
 
 
 HEAVY_QUESTION = "Which blade material lasts longest offshore?"

@@ -37,7 +37,6 @@ import pytest
 
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.pages import PageSite
-from tongyi_deepresearch_openwebui_pipeline.core.phrasing import resumed_text
 
 from .conftest import pipe_valves
 from .durable_deployment import (
@@ -53,8 +52,8 @@ from .durable_research import (
     QUESTION,
     DurableResearch,
     ask_in_new_chat,
+    assert_resumed_research,
     difference,
-    source_urls,
 )
 from .owui import PIPE_MODEL_ID, saved_chat
 
@@ -124,29 +123,20 @@ async def test_a_research_killed_in_round_4_goes_on_by_itself_after_the_restart(
     message = chat["chat"]["history"]["messages"][killed.message_id]
     content = str(message["content"])
 
-    # The model was asked rounds 1-4, then 4 (the round in flight) to 7: no
-    # finished round twice, and round 4 with the conversation it had.
-    assert research.turns(KILLED) == [0, 1, 2, 3]
-    assert research.turns(CONTINUED) == [3, 4, 5, 6]
-    assert research.conversations(CONTINUED)[0] == research.conversations(KILLED)[3]
-    # Each page fetched and read once, before or after the kill.
-    assert difference(fetches[1], fetches[0]) == [1, 1, 1, 0, 0, 0]
-    assert difference(fetches[2], fetches[1]) == [0, 0, 0, 1, 1, 1]
-    assert research.pages_read(KILLED) == [1, 2, 3]
-    assert research.pages_read(CONTINUED) == [4, 5, 6]
-    # The original message holds the whole answer, finished: it says it
-    # resumed, keeps the sources' numbers, and cites pages read before and
-    # after the kill. The open session was told its final text.
+    # Rounds 1-4 before, 4 (the one in flight) to 7 after; each page read once;
+    # the original message says it resumed and cites pages read before and
+    # after the kill.
+    assert_resumed_research(
+        research,
+        message,
+        killed=KILLED,
+        resumed=CONTINUED,
+        fetched_until_kill=difference(fetches[1], fetches[0]),
+        fetched_after=difference(fetches[2], fetches[1]),
+    )
+    # It is finished, and the open session was told its final text.
     assert message["done"] is True
     assert shown == content
-    note = resumed_text(KILLED_IN_ROUND - 1, KILLED_IN_ROUND - 1)
-    assert content.splitlines()[0] == f"*{note}*", content[:500]
-    assert source_urls(message) == [research.url(k) for k in range(1, PAGES + 1)]
-    assert research.answer_shown() in content.splitlines(), content
-    # The citation check quoted what the extractor recorded before the kill
-    # (the first three of the six pages cited; one call each).
-    assert research.pages_checked(CONTINUED) == [1, 2, 3]
-    assert research.pages_checked(KILLED) == []
     assert "\n- Citations: 1 of 1 statement supported by the pages it cites\n" in (
         content
     )

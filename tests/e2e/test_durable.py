@@ -35,7 +35,6 @@ import pytest
 
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.pages import PageSite
-from tongyi_deepresearch_openwebui_pipeline.core.phrasing import resumed_text
 
 from .conftest import pipe_valves
 from .durable_deployment import (
@@ -51,9 +50,9 @@ from .durable_research import (
     QUESTION,
     DurableResearch,
     ask_in_new_chat,
+    assert_resumed_research,
     difference,
     regenerate,
-    source_urls,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -126,27 +125,17 @@ async def test_a_research_killed_in_round_4_goes_on_after_the_restart(
     fetches.append(research.fetches())
     content = str(message["content"])
 
-    # The model was asked rounds 1-4, then 4 (the round in flight) to 7: no
-    # finished round twice, and round 4 with the conversation it had.
-    assert research.turns(KILLED) == [0, 1, 2, 3]
-    assert research.turns(RESUMED) == [3, 4, 5, 6]
-    assert research.conversations(RESUMED)[0] == research.conversations(KILLED)[3]
-    # Each page fetched and read once in A's research, before or after the kill.
-    assert difference(fetches[1], fetches[0]) == [1, 1, 1, 0, 0, 0]
-    assert difference(fetches[3], fetches[2]) == [0, 0, 0, 1, 1, 1]
-    assert research.pages_read(KILLED) == [1, 2, 3]
-    assert research.pages_read(RESUMED) == [4, 5, 6]
-    # The chat says it resumed, keeps the sources' numbers, and cites pages
-    # read before and after the kill.
-    note = resumed_text(KILLED_IN_ROUND - 1, KILLED_IN_ROUND - 1)
-    assert content.splitlines()[0] == f"*{note}*", content[:500]
-    assert source_urls(message) == [research.url(k) for k in range(1, PAGES + 1)]
-    assert research.answer_shown() in content.splitlines(), content
-    # The citation check of the resumed run quoted what the extractor recorded
-    # before the kill: its one statement cites six pages, the first three
-    # are asked about (one call each).
-    assert research.pages_checked(RESUMED) == [1, 2, 3]
-    assert research.pages_checked(KILLED) == []
+    # Rounds 1-4 before, 4 (the one in flight) to 7 after; each page read once
+    # in A's research; the chat says it resumed and cites pages read before
+    # and after the kill.
+    assert_resumed_research(
+        research,
+        message,
+        killed=KILLED,
+        resumed=RESUMED,
+        fetched_until_kill=difference(fetches[1], fetches[0]),
+        fetched_after=difference(fetches[3], fetches[2]),
+    )
     assert "\n- Citations: 1 of 1 statement supported by the pages it cites\n" in (
         content
     )

@@ -1,22 +1,23 @@
-"""Upgrading from 0.1.0 by pasting the next release's pipe file, in a real Open WebUI.
+"""Upgrading from 0.1.0 to this release in a real Open WebUI, as README says.
 
 0.1.0's assets are built from a ``git worktree`` of its commit (the last
-whose CHANGELOG has nothing under ``## [Unreleased]``); the next release's
-from a copy of this checkout with the version raised to `NEXT_VERSION`, as
-the release steps do (docs/development.md). A dedicated ``open-webui serve``
+whose CHANGELOG has nothing under ``## [Unreleased]``); this release's from
+the checkout (the ``release_assets`` fixture). A dedicated ``open-webui serve``
 (``PIP_OPTIONS=--no-index``) has 0.1.0's wheel installed; 0.1.0's pipe file
 (its ``requirements:`` line pointed at a local server serving 0.1.0's wheel)
 is created, the admin sets the valves, and a research answers in a saved
-chat. Then the next release's pipe file, its ``_RELEASE_WHEEL`` at a local
-server serving the next wheel, is pasted over the function (update through
+chat. Then this release's pipe file, its ``_RELEASE_WHEEL`` at the local
+server serving the new wheel, is pasted over the function (update through
 the REST API, no restart):
 
-- the next wheel is downloaded once and installed;
+- online, the file downloads the new wheel once and installs it; offline
+  (``OFFLINE_MODE=true``), the admin has ``pip install``-ed the new wheel
+  first and nothing is downloaded;
 - the admin's valves are kept;
-- the tools are updated once each, to the next version;
+- the tools are updated once each, to the new version;
 - the old chat reads back unchanged;
-- a new research runs the next release's code: its model requests carry the
-  next version in their User-Agent (0.1.0's carried 0.1.0).
+- a new research runs the new release's code: its model requests carry the
+  new version in their User-Agent (0.1.0's carried 0.1.0).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,14 +35,15 @@ import pytest
 from tests.fakes.http import LocalServer, Request, Response
 from tests.fakes.pages import PageSite
 
-from . import test_release_install as release
 from .durable_deployment import TIMEOUT
 from .durable_research import PAGES, DurableResearch, source_urls
 from .owui import FUNCTION_ID, ROOT, TOOL_IDS, installer
-from .test_release_install import (
+from .release import (
+    NO_INDEX,
     Installed,
     ReleaseAssets,
     assert_research_answered,
+    build_assets,
     create_pipe,
     install_wheel,
     installed_version,
@@ -52,44 +53,11 @@ from .test_release_install import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-# The fresh-install tests' fixtures: the current assets (reinstalled into the
-# venv after the test), the venv, a server of the test's own.
-release_assets = release.release_assets
-prepared_venv = release.prepared_venv
-start_server = release.start_server
-
 #: 0.1.0: the last commit whose CHANGELOG has nothing under ## [Unreleased].
 OLD_COMMIT = "d4373930ee8c1722118dfad34f7b9ecab34bd98b"
 OLD_VERSION = "0.1.0"
-NEXT_VERSION = "0.1.1"
-NO_INDEX = {"PIP_OPTIONS": "--no-index"}
 USER_AGENT = "tongyi-deepresearch-openwebui/"
 _REQUIREMENTS_LINE = re.compile(r"^requirements: .*$", re.MULTILINE)
-_SKIPPED = shutil.ignore_patterns(
-    ".git", ".venv", ".e2e-artifacts", "__pycache__", "dist", "build", "*.egg-info"
-)
-
-
-def _build(root: Path, out_dir: Path, version: str) -> ReleaseAssets:
-    """Run ``root``'s scripts/build_release.py into ``out_dir``."""
-    completed = subprocess.run(
-        [
-            sys.executable,
-            str(root / "scripts" / "build_release.py"),
-            "--out-dir",
-            str(out_dir),
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    wheel = Path(completed.stdout.splitlines()[0])
-    assert wheel.name == (
-        f"tongyi_deepresearch_openwebui_pipeline-{version}-py3-none-any.whl"
-    )
-    return ReleaseAssets(out_dir, version, wheel)
 
 
 @pytest.fixture(scope="session")
@@ -112,46 +80,13 @@ def old_assets(tmp_path_factory: pytest.TempPathFactory) -> ReleaseAssets:
         capture_output=True,
     )
     try:
-        assets = _build(worktree, out_dir, OLD_VERSION)
+        assets = build_assets(worktree, out_dir, OLD_VERSION)
     finally:
         subprocess.run(
             [*git, "remove", "--force", str(worktree)], check=True, capture_output=True
         )
         shutil.rmtree(checkout, ignore_errors=True)
     return assets
-
-
-def _raise_version(root: Path) -> None:
-    """Set the copy's version to NEXT_VERSION wherever a release sets it."""
-    lines = {
-        "pyproject.toml": ['version = "{}"'],
-        "src/tongyi_deepresearch_openwebui_pipeline/__init__.py": [
-            '__version__ = "{}"'
-        ],
-        "tongyi_deepresearch_pipe.py": ["version: {}", '_VERSION = "{}"'],
-    }
-    for tool in ("search_tool.py", "scholar_tool.py", "visit_tool.py"):
-        lines[tool] = ["version: {}"]
-        lines[f"src/tongyi_deepresearch_openwebui_pipeline/tools/{tool}"] = [
-            "version: {}"
-        ]
-    for name, patterns in lines.items():
-        path = root / name
-        text = path.read_text(encoding="utf-8")
-        for pattern in patterns:
-            old, new = pattern.format(OLD_VERSION), pattern.format(NEXT_VERSION)
-            assert text.count(f"\n{old}\n") == 1, (name, old)
-            text = text.replace(f"\n{old}\n", f"\n{new}\n")
-        path.write_text(text, encoding="utf-8")
-
-
-@pytest.fixture(scope="session")
-def next_assets(tmp_path_factory: pytest.TempPathFactory) -> ReleaseAssets:
-    """The next release's assets: this checkout at NEXT_VERSION."""
-    copy = tmp_path_factory.mktemp("next-release") / "checkout"
-    shutil.copytree(ROOT, copy, ignore=_SKIPPED)
-    _raise_version(copy)
-    return _build(copy, tmp_path_factory.mktemp("release-next"), NEXT_VERSION)
 
 
 def _stored_tools(installed: Installed) -> dict[str, str]:
@@ -162,6 +97,14 @@ def _stored_tools(installed: Installed) -> dict[str, str]:
         found = re.search(r"^version: (\S+)$", content, re.MULTILINE)
         versions[tool_id] = found.group(1) if found else ""
     return versions
+
+
+def _tool_valves(installed: Installed) -> dict[str, Any]:
+    """Each DeepResearch tool's stored valves (the visit tool's are set)."""
+    return {
+        tool_id: installed.admin.get(f"/api/v1/tools/id/{tool_id}/valves")
+        for tool_id in TOOL_IDS
+    }
 
 
 def _tools_at(installed: Installed, version: str) -> dict[str, str]:
@@ -211,16 +154,23 @@ def _message_content(installed: Installed, chat_id: str, message_id: str) -> str
     return str(chat["chat"]["history"]["messages"][message_id]["content"])
 
 
-async def test_pasting_the_next_release_over_0_1_0_upgrades_without_a_restart(
+@pytest.mark.parametrize("offline", [False, True], ids=["online", "offline"])
+async def test_this_release_pasted_over_0_1_0_upgrades_without_a_restart(
     prepared_venv: Path,
     old_assets: ReleaseAssets,
-    next_assets: ReleaseAssets,
+    release_assets: ReleaseAssets,
     start_server: Any,
     page_site: PageSite,
+    *,
+    offline: bool,
 ) -> None:
+    new = release_assets
+    # The session's page site counts fetches by page name: one per test.
+    mode_name = "offline" if offline else "online"
+    assert new.version != OLD_VERSION, "the checkout is a release after 0.1.0"
     paths = {
         asset.version: f"/releases/download/v{asset.version}/{asset.wheel.name}"
-        for asset in (old_assets, next_assets)
+        for asset in (old_assets, new)
     }
 
     def wheel_of(asset: ReleaseAssets) -> Any:
@@ -232,9 +182,8 @@ async def test_pasting_the_next_release_over_0_1_0_upgrades_without_a_restart(
 
     install_wheel(prepared_venv, old_assets.wheel)
     assert installed_version(prepared_venv) == OLD_VERSION
-    with LocalServer(
-        {paths[a.version]: wheel_of(a) for a in (old_assets, next_assets)}
-    ) as wheels:
+    served_wheels = {paths[a.version]: wheel_of(a) for a in (old_assets, new)}
+    with LocalServer(served_wheels) as wheels:
         old_text = (old_assets.directory / "tongyi_deepresearch_pipe.py").read_text(
             encoding="utf-8"
         )
@@ -244,31 +193,35 @@ async def test_pasting_the_next_release_over_0_1_0_upgrades_without_a_restart(
         )
         old_content, count = _REQUIREMENTS_LINE.subn(requirement, old_text)
         assert count == 1
-        installed = start_server(prepared_venv, {"OFFLINE_MODE": "false", **NO_INDEX})
+        mode = {"OFFLINE_MODE": "true" if offline else "false"}
+        installed = start_server(prepared_venv, {**mode, **NO_INDEX})
 
         # 0.1.0 installed as its users did: pipe, valves, tools, a research.
         create_pipe(installed, old_content)
         assert sorted(let_visit_read_loopback(installed)) == sorted(TOOL_IDS)
         assert _tools_at(installed, OLD_VERSION) == dict.fromkeys(TOOL_IDS, OLD_VERSION)
-        old_research = DurableResearch(page_site, "upgradeold", 0, TIMEOUT)
+        old_research = DurableResearch(page_site, f"old{mode_name}", 0, TIMEOUT)
         old_turn, old_message = await research_turn(installed, old_research)
         _assert_answered_by_0_1_0(old_research, old_message)
         assert _user_agents(installed, 0) == {USER_AGENT + OLD_VERSION}
         valves = installed.admin.get(f"/api/v1/functions/id/{FUNCTION_ID}/valves")
+        tool_valves = _tool_valves(installed)
+        assert tool_valves["deepresearch_visit"]["ALLOW_PRIVATE_URLS"] is True
         old_answer = _message_content(installed, old_turn.chat_id, old_turn.message_id)
-        next_requests = [r for r in wheels.requests if r.path == paths[NEXT_VERSION]]
-        assert next_requests == []
+        assert [r for r in wheels.requests if r.path == paths[new.version]] == []
 
-        # The next release's file pasted over the function, as an admin saves it.
-        next_content = next_assets.pipe_file(wheels.url(paths[NEXT_VERSION]))
+        if offline:  # README: offline, pip install the new wheel first
+            install_wheel(prepared_venv, new.wheel)
+        # The new release's file pasted over the function, as an admin saves it.
+        new_content = new.pipe_file(wheels.url(paths[new.version]))
         client = installed.admin.rest_client()
         client.post(
             f"/api/v1/functions/id/{FUNCTION_ID}/update",
             {
                 "id": FUNCTION_ID,
                 "name": installer.FUNCTION_NAME,
-                "content": next_content,
-                "meta": {"description": installer.description_of(next_content)},
+                "content": new_content,
+                "meta": {"description": installer.description_of(new_content)},
             },
         )
         # The browser lists the models after a save: the pipe's listing starts
@@ -277,26 +230,27 @@ async def test_pasting_the_next_release_over_0_1_0_upgrades_without_a_restart(
         served = [(r.method, r.path) for r in wheels.requests]
         version_after_paste = installed_version(prepared_venv)
         before_new_research = len(installed.model.server.requests)
-        new_research = DurableResearch(page_site, "upgradenew", 0, TIMEOUT)
+        new_research = DurableResearch(page_site, f"new{mode_name}", 0, TIMEOUT)
         _, new_message = await research_turn(installed, new_research)
-        tools = _tools_at(installed, NEXT_VERSION)
+        tools = _tools_at(installed, new.version)
 
-    # The next wheel was downloaded once, and installed.
-    assert served.count(("GET", paths[NEXT_VERSION])) == 1
-    assert version_after_paste == NEXT_VERSION
+    # Online the new wheel was downloaded once (and installed); offline never.
+    assert served.count(("GET", paths[new.version])) == (0 if offline else 1)
+    assert version_after_paste == new.version
     # The admin's valves are kept; the tools were updated once each.
     stored = installed.admin.get(f"/api/v1/functions/id/{FUNCTION_ID}/valves")
     assert stored == valves
     function = installed.admin.get(f"/api/v1/functions/id/{FUNCTION_ID}")
-    assert function["content"] == next_content
+    assert function["content"] == new_content
     assert function["is_active"] is True
-    assert tools == dict.fromkeys(TOOL_IDS, NEXT_VERSION)
+    assert tools == dict.fromkeys(TOOL_IDS, new.version)
+    assert _tool_valves(installed) == tool_valves
     assert sorted(_updates_logged(installed)) == sorted(
-        f"{tool_id} from {OLD_VERSION} to {NEXT_VERSION}" for tool_id in TOOL_IDS
+        f"{tool_id} from {OLD_VERSION} to {new.version}" for tool_id in TOOL_IDS
     )
-    # The old chat reads back as it was; the new research ran the next code.
+    # The old chat reads back as it was; the new research ran the new code.
     assert (
         _message_content(installed, old_turn.chat_id, old_turn.message_id) == old_answer
     )
     assert_research_answered(new_research, new_message)
-    assert _user_agents(installed, before_new_research) == {USER_AGENT + NEXT_VERSION}
+    assert _user_agents(installed, before_new_research) == {USER_AGENT + new.version}

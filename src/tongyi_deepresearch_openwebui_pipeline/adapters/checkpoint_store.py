@@ -123,6 +123,22 @@ def _sync_directory(directory: Path) -> None:
             os.close(handle)
 
 
+def ensure_table(table: Any, engine: Any) -> None:
+    """Create ``table`` (a SQLAlchemy ``Table``) in ``engine`` unless it exists.
+
+    Replicas started together may both try: PostgreSQL refuses the second
+    CREATE, and a table that exists afterwards is what was wanted.
+    """
+    import sqlalchemy as sa  # noqa: PLC0415  (Open WebUI's, not a dependency)
+    import sqlalchemy.exc  # noqa: PLC0415
+
+    try:
+        table.create(engine, checkfirst=True)
+    except sqlalchemy.exc.SQLAlchemyError:
+        if not sa.inspect(engine).has_table(table.name):
+            raise
+
+
 class DatabaseStore:
     """Checkpoints as rows of a table in a SQLAlchemy database.
 
@@ -145,7 +161,6 @@ class DatabaseStore:
 
         self._sa = sa
         self._integrity_error: type[Exception] = sqlalchemy.exc.IntegrityError
-        self._database_error: type[Exception] = sqlalchemy.exc.SQLAlchemyError
         self._engine = engine
         self.max_bytes = max_bytes
         self._clock = clock
@@ -160,16 +175,9 @@ class DatabaseStore:
         self._created = False
 
     def _ensure_table(self) -> None:
-        if self._created:
-            return
-        try:
-            self._table.create(self._engine, checkfirst=True)
-        except self._database_error:
-            # Another process created it at the same moment (replicas
-            # started together): PostgreSQL refuses the second CREATE.
-            if not self._sa.inspect(self._engine).has_table(TABLE_NAME):
-                raise
-        self._created = True
+        if not self._created:
+            ensure_table(self._table, self._engine)
+            self._created = True
 
     async def load(self, owner: str, chat: str) -> bytes | None:
         """The row's bytes, at most ``max_bytes`` + 1 of them (None: no row)."""

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .checkpoint_store import ensure_table
+
 #: The table's name in Open WebUI's database (prefixed: it is not Open WebUI's).
 TABLE_NAME = "tongyi_deepresearch_run"
 
@@ -56,8 +58,16 @@ class Ticket:
 
     def encode(self) -> str:
         """The ticket as JSON text; `TicketError` when it would be too big."""
-        text = json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
-        if len(text.encode("utf-8", "replace")) > MAX_TICKET_BYTES:
+        fields = asdict(self)
+        text = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            # A lone surrogate (a browser can send one) is no UTF-8: escaped,
+            # the database takes it and `decode` gives it back as it was.
+            text = json.dumps(fields, ensure_ascii=True, separators=(",", ":"))
+            size = len(text)
+        if size > MAX_TICKET_BYTES:
             raise TicketError("the question is too long to be continued by itself")
         return text
 
@@ -68,7 +78,7 @@ class Ticket:
             raise TicketError("too big")
         try:
             data = json.loads(text)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # nested too deep: no ticket
             raise TicketError("not JSON") from error
         if not isinstance(data, dict):
             raise TicketError("not an object")
@@ -116,10 +126,8 @@ class LeaseTable:
     def __init__(self, engine: Any, *, clock: Callable[[], float] = time.time) -> None:
         """Use ``engine`` (a SQLAlchemy ``Engine``: Open WebUI's own)."""
         import sqlalchemy as sa  # noqa: PLC0415  (Open WebUI's, not a dependency)
-        import sqlalchemy.exc as sqlalchemy_errors  # noqa: PLC0415
 
         self._sa = sa
-        self._errors = sqlalchemy_errors
         self._engine = engine
         self.clock = clock
         self._table = sa.Table(
@@ -134,16 +142,9 @@ class LeaseTable:
         self._created = False
 
     def _ensure_table(self) -> None:
-        if self._created:
-            return
-        try:
-            self._table.create(self._engine, checkfirst=True)
-        except self._errors.SQLAlchemyError:
-            # Another process created it at the same moment (replicas
-            # started together): PostgreSQL refuses the second CREATE.
-            if not self._sa.inspect(self._engine).has_table(TABLE_NAME):
-                raise
-        self._created = True
+        if not self._created:
+            ensure_table(self._table, self._engine)
+            self._created = True
 
     def _row(self, owner: str, chat: str) -> Any:
         table = self._table

@@ -35,6 +35,7 @@ from ..adapters.openwebui.catalog import (
     selected_ids,
 )
 from ..adapters.openwebui.continuation import (
+    LETTING_GO_SECONDS,
     Continuer,
     HeldRun,
     MessageWriter,
@@ -223,7 +224,7 @@ class Pipe:
         if self._continuer is not None:
             table, holder = self._continuer.table, self._continuer.holder
             with contextlib.suppress(Exception):
-                async with asyncio.timeout(STOPPED_STATUS_SECONDS * 3):
+                async with asyncio.timeout(LETTING_GO_SECONDS):
                     await asyncio.to_thread(
                         table.release, claimed.owner, claimed.chat, holder
                     )
@@ -263,7 +264,7 @@ class Pipe:
             # done; a restart leaves it to the process that goes on with it.
             if not self._shutting_down():
                 with contextlib.suppress(Exception):
-                    async with asyncio.timeout(STOPPED_STATUS_SECONDS * 3):
+                    async with asyncio.timeout(LETTING_GO_SECONDS):
                         await writer.finish()
                 # A turn that ended before the run took the chat's lease (a
                 # key that cannot be decrypted, a failing tool set-up) left

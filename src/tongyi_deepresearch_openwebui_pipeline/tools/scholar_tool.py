@@ -3,7 +3,7 @@ id: deepresearch_scholar
 title: DeepResearch Scholar
 author: tongyi-deepresearch-openwebui-pipeline contributors
 author_url: https://github.com/tongyi-deepresearch-openwebui/tongyi-deepresearch-openwebui-pipeline
-version: 0.1.0
+version: 0.2.0
 license: MIT
 description: Scholarly search for Tongyi DeepResearch (OpenAlex, Semantic Scholar or arXiv; no API key), answered in the Google Scholar text format the model was trained on.
 requirements:

@@ -3,7 +3,7 @@ id: deepresearch_search
 title: DeepResearch Search
 author: tongyi-deepresearch-openwebui-pipeline contributors
 author_url: https://github.com/tongyi-deepresearch-openwebui/tongyi-deepresearch-openwebui-pipeline
-version: 0.1.0
+version: 0.2.0
 license: MIT
 description: Web search for Tongyi DeepResearch, answered in the exact text format the model was trained on (Open WebUI's web search engine or a SearXNG instance).
 requirements:
